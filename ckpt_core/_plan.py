@@ -1,0 +1,141 @@
+"""The plan: one answer that the library, the CLI, the service and workers share.
+
+`make_plan` turns a tier (+ GPU memory or GPU name, + transformers version)
+into a `Plan`: the granularity, the TrainingArguments kwargs that make the HF
+Trainer do exactly that, the hooks the worker must install, and why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ckpt_core._gpus import gpu_memory_for
+from ckpt_core._tiers import (
+    AUTO_FULL_THRESHOLD_GB,
+    AUTO_SELECTIVE_THRESHOLD_GB,
+    Granularity,
+    Tier,
+    describe,
+    granularity_for,
+    parse_tier,
+)
+from ckpt_core._training_args import (
+    EVERY_N_LAYERS_SINCE,
+    HookKind,
+    installed_transformers_version,
+    parse_transformers_version,
+    trainer_settings,
+)
+
+# The newest behaviour we know, used when no version is given and none is installed.
+ASSUMED_TRANSFORMERS_VERSION = "5.24.0"
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What to do for one training job: JSON-serialisable via `to_dict`.
+
+    ``training_arguments`` goes into ``TrainingArguments(**...)``; ``hooks``
+    (``"medium"`` / ``"selective"`` / ``None``) is the granularity the worker
+    must install with `install_checkpoint_hooks` after PEFT wrapping.
+    ``estimate`` is the per-tier memory estimate when a model was given.
+    """
+
+    tier: Tier
+    granularity: Granularity | None
+    training_arguments: dict[str, Any]
+    hooks: HookKind | None
+    description: str
+    reason: str
+    gpu_memory_gb: float | None = None
+    gpu: str | None = None
+    transformers_version: str = ASSUMED_TRANSFORMERS_VERSION
+    estimate: dict[str, Any] | None = field(default=None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain-JSON dict (deep copy: mutating it never changes the plan)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        """Rebuild a plan from `to_dict` output (e.g. a service answer)."""
+        return cls(**data)
+
+
+def resolve_gpu_memory(gpu_memory_gb: object = None, gpu: str | None = None) -> float | None:
+    """GPU memory in GiB from a number or a GPU name (not both), validated."""
+    return gpu_memory_for(gpu_memory_gb, gpu)
+
+
+def make_plan(
+    tier: object,
+    gpu_memory_gb: object = None,
+    *,
+    gpu: str | None = None,
+    transformers_version: str | None = None,
+) -> Plan:
+    """Resolve a tier into a `Plan` (no model: ``auto`` uses the VRAM thresholds)."""
+    parsed = parse_tier(tier)
+    memory = resolve_gpu_memory(gpu_memory_gb, gpu)
+    version_text = transformers_version or installed_transformers_version()
+    version_text = version_text or ASSUMED_TRANSFORMERS_VERSION
+    version = parse_transformers_version(version_text)
+    granularity = granularity_for(parsed, memory)
+    settings = trainer_settings(granularity, version)
+    return Plan(
+        tier=parsed,
+        granularity=granularity,
+        training_arguments=settings.training_arguments,
+        hooks=settings.hooks,
+        description=describe(parsed, memory),
+        reason=_reason(parsed, granularity, memory, gpu, settings.hooks, version_text),
+        gpu_memory_gb=memory,
+        gpu=gpu,
+        transformers_version=version_text,
+    )
+
+
+def _reason(
+    tier: Tier,
+    granularity: Granularity | None,
+    memory: float | None,
+    gpu: str | None,
+    hooks: HookKind | None,
+    version_text: str,
+) -> str:
+    return f"{_why_granularity(tier, granularity, memory, gpu)}; {_how(granularity, hooks, version_text)}"
+
+
+def _why_granularity(
+    tier: Tier, granularity: Granularity | None, memory: float | None, gpu: str | None
+) -> str:
+    if tier != "auto":
+        return f"tier {tier!r} requested"
+    if memory is None:
+        return "auto without GPU memory: full, the safe choice"
+    where = f" ({gpu})" if gpu else ""
+    if granularity == "full":
+        rule = f"< {AUTO_FULL_THRESHOLD_GB:g} GiB"
+    elif granularity == "medium":
+        rule = f"between {AUTO_FULL_THRESHOLD_GB:g} and {AUTO_SELECTIVE_THRESHOLD_GB:g} GiB"
+    else:
+        rule = f"> {AUTO_SELECTIVE_THRESHOLD_GB:g} GiB"
+    return f"auto with {memory:g} GiB{where} {rule} -> {granularity} (VRAM thresholds, no model)"
+
+
+def _how(granularity: Granularity | None, hooks: HookKind | None, version_text: str) -> str:
+    version = f"transformers {version_text}"
+    if granularity is None:
+        return f"HF checkpointing explicitly off ({version})"
+    if granularity == "full":
+        return f"HF checkpoints every block, non-reentrant ({version})"
+    if granularity == "medium" and hooks is None:
+        return f"HF checkpoints every other block via every_n_layers=2 ({version})"
+    if granularity == "medium":
+        since = ".".join(map(str, EVERY_N_LAYERS_SINCE))
+        return (
+            f"{version} has no every_n_layers (needs >= {since}): HF off, "
+            "worker installs medium hooks (every other block)"
+        )
+    return f"HF off, worker installs selective hooks on the attention modules ({version})"

@@ -1,0 +1,145 @@
+"""The training workload a memory estimate is for (DESIGN section 5).
+
+Plain frozen dataclass with strict validation: unknown keys, wrong types and
+out-of-range values raise `InvalidWorkloadError` naming the field
+(``"workload.seq_len"``), never a silent default.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Final, Literal
+
+from ckpt_core._errors import InvalidWorkloadError
+
+Dtype = Literal["bf16", "fp16", "fp32"]
+WeightStorage = Literal["bf16", "fp16", "fp32", "int8", "nf4"]
+Method = Literal["full", "lora", "qlora"]
+Optimizer = Literal["adamw", "adamw_8bit", "sgd"]
+Attention = Literal["sdpa", "flash_attention_2", "eager"]
+
+DTYPES: Final[tuple[str, ...]] = ("bf16", "fp16", "fp32")
+WEIGHT_STORAGES: Final[tuple[str, ...]] = ("bf16", "fp16", "fp32", "int8", "nf4")
+METHODS: Final[tuple[str, ...]] = ("full", "lora", "qlora")
+OPTIMIZERS: Final[tuple[str, ...]] = ("adamw", "adamw_8bit", "sgd")
+ATTENTIONS: Final[tuple[str, ...]] = ("sdpa", "flash_attention_2", "eager")
+
+MAX_SEQ_LEN: Final = 1 << 21  # 2M tokens: beyond any released context window
+MAX_MICRO_BATCH: Final = 4096
+MAX_LORA_RANK: Final = 4096
+MAX_HEADROOM: Final = 0.9
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """One training step's shape and numerics; all fields but `seq_len` have defaults."""
+
+    seq_len: int
+    micro_batch_size: int = 1
+    dtype: Dtype = "bf16"
+    weights: WeightStorage | None = None  # None: same as dtype (nf4 for qlora)
+    method: Method = "full"
+    lora_rank: int = 16
+    lora_targets: tuple[str, ...] | None = None  # None: every linear of attention + MLP
+    optimizer: Optimizer = "adamw"
+    attention: Attention = "sdpa"
+    headroom: float = 0.1
+
+    def __post_init__(self) -> None:
+        _check_int("seq_len", self.seq_len, MAX_SEQ_LEN)
+        _check_int("micro_batch_size", self.micro_batch_size, MAX_MICRO_BATCH)
+        _check_int("lora_rank", self.lora_rank, MAX_LORA_RANK)
+        _check_choice("dtype", self.dtype, DTYPES)
+        _check_choice("method", self.method, METHODS)
+        _check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        _check_choice("attention", self.attention, ATTENTIONS)
+        if self.weights is not None:
+            _check_choice("weights", self.weights, WEIGHT_STORAGES)
+        if self.method == "qlora" and self.weights not in (None, "nf4", "int8"):
+            raise InvalidWorkloadError(
+                f"qlora trains adapters over quantized weights: weights must be nf4 or int8, "
+                f"got {self.weights!r}",
+                field="workload.weights",
+            )
+        _check_targets(self.lora_targets)
+        _check_headroom(self.headroom)
+
+    @property
+    def weight_storage(self) -> WeightStorage:
+        """Weights storage with the defaults applied (qlora -> nf4, else the dtype)."""
+        if self.weights is not None:
+            return self.weights
+        return "nf4" if self.method == "qlora" else self.dtype
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["lora_targets"] = list(self.lora_targets) if self.lora_targets else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Workload:
+        """Build from JSON-like input; unknown keys and a missing seq_len are errors."""
+        if not isinstance(data, Mapping):
+            raise InvalidWorkloadError("workload must be an object", field="workload")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise InvalidWorkloadError(
+                f"unknown workload field(s) {unknown}; known: {sorted(known)}",
+                field=f"workload.{unknown[0]}",
+            )
+        if "seq_len" not in data:
+            raise InvalidWorkloadError("workload.seq_len is required", field="workload.seq_len")
+        values = dict(data)
+        targets = values.get("lora_targets")
+        if isinstance(targets, list):
+            values["lora_targets"] = tuple(targets)
+        return cls(**values)
+
+
+def _check_int(name: str, value: object, maximum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidWorkloadError(
+            f"{name} must be an integer, got {value!r}", field=f"workload.{name}"
+        )
+    if not 1 <= value <= maximum:
+        raise InvalidWorkloadError(
+            f"{name} must be between 1 and {maximum}, got {value}", field=f"workload.{name}"
+        )
+
+
+def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise InvalidWorkloadError(
+            f"{name} must be one of {', '.join(choices)}; got {value!r}", field=f"workload.{name}"
+        )
+
+
+def _check_targets(targets: object) -> None:
+    if targets is None:
+        return
+    ok = isinstance(targets, tuple) and targets and all(
+        isinstance(t, str) and t.strip() for t in targets
+    )
+    if not ok:
+        raise InvalidWorkloadError(
+            "lora_targets must be a non-empty list of module-name suffixes such as "
+            f"['q_proj', 'v_proj'], got {targets!r}",
+            field="workload.lora_targets",
+        )
+
+
+def _check_headroom(headroom: object) -> None:
+    valid = (
+        not isinstance(headroom, bool)
+        and isinstance(headroom, int | float)
+        and math.isfinite(headroom)
+        and 0 <= headroom <= MAX_HEADROOM
+    )
+    if not valid:
+        raise InvalidWorkloadError(
+            f"headroom must be a fraction between 0 and {MAX_HEADROOM}, got {headroom!r}",
+            field="workload.headroom",
+        )

@@ -1,0 +1,1 @@
+"""ckpt-advisor HTTP service: FastAPI over ckpt_core, no logic of its own."""
