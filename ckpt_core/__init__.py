@@ -57,6 +57,7 @@ __all__ = [
     "ConfigTooLargeError",
     "GpuSpec",
     "Granularity",
+    "HookReport",
     "InvalidGpuMemoryError",
     "InvalidGranularityError",
     "InvalidTierError",
@@ -69,12 +70,15 @@ __all__ = [
     "UnknownPresetError",
     "UnsupportedTransformersVersionError",
     "describe_tier",
+    "install_checkpoint_hooks",
+    "install_selective_hooks",
+    "is_hf_checkpointing_enabled",
     "lookup_gpu",
     "make_plan",
     "parse_tier",
+    "remove_checkpoint_hooks",
     "resolve_gradient_checkpointing",
     "resolve_granularity",
-    *_LAZY,
 ]
 
 

@@ -89,22 +89,14 @@ def make_plan(
         training_arguments=settings.training_arguments,
         hooks=settings.hooks,
         description=describe(parsed, memory),
-        reason=_reason(parsed, granularity, memory, gpu, settings.hooks, version_text),
+        reason=(
+            f"{_why_granularity(parsed, granularity, memory, gpu)}; "
+            f"{_how(granularity, settings.hooks, version_text)}"
+        ),
         gpu_memory_gb=memory,
         gpu=gpu,
         transformers_version=version_text,
     )
-
-
-def _reason(
-    tier: Tier,
-    granularity: Granularity | None,
-    memory: float | None,
-    gpu: str | None,
-    hooks: HookKind | None,
-    version_text: str,
-) -> str:
-    return f"{_why_granularity(tier, granularity, memory, gpu)}; {_how(granularity, hooks, version_text)}"
 
 
 def _why_granularity(

@@ -36,9 +36,7 @@ def resolve_gradient_checkpointing(
     For selective (and medium on releases without ``every_n_layers``) HF is
     off and the worker must install hooks: see `make_plan` for which.
     """
-    plan = make_plan(
-        tier, gpu_memory_gb, gpu=gpu, transformers_version=transformers_version
-    )
+    plan = make_plan(tier, gpu_memory_gb, gpu=gpu, transformers_version=transformers_version)
     return plan.training_arguments
 
 

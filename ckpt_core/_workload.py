@@ -120,8 +120,10 @@ def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
 def _check_targets(targets: object) -> None:
     if targets is None:
         return
-    ok = isinstance(targets, tuple) and targets and all(
-        isinstance(t, str) and t.strip() for t in targets
+    ok = (
+        isinstance(targets, tuple)
+        and targets
+        and all(isinstance(t, str) and t.strip() for t in targets)
     )
     if not ok:
         raise InvalidWorkloadError(
