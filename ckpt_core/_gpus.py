@@ -29,7 +29,86 @@ class GpuSpec:
     source: str
 
 
-GPUS: Final[tuple[GpuSpec, ...]] = ()
+# Memory as torch reports it (`total_memory`, printed in MiB by its repr or by
+# CUDA's deviceQuery, which reads the same field) on a recent Linux driver,
+# taken from public captures named in `source`.  The value moves by up to
+# ~300 MiB with driver version and ECC; no card in this table is that close to
+# a threshold (24 GiB = 24576 MiB, 80 GiB = 81920 MiB).
+_MIB = 1 / 1024
+
+GPUS: Final[tuple[GpuSpec, ...]] = (
+    GpuSpec("T4", 16, 15109 * _MIB, ("Tesla T4",), "deviceQuery / torch repr, modal-client#2797"),
+    GpuSpec(
+        "V100-16GB",
+        16,
+        16160 * _MIB,
+        ("Tesla V100-SXM2-16GB", "Tesla V100-PCIE-16GB"),
+        "torch repr",
+    ),
+    GpuSpec("L4", 24, 22478 * _MIB, ("NVIDIA L4",), "deviceQuery, thamada/nvidia-smi gls/L4"),
+    GpuSpec("A10", 24, 22516 * _MIB, ("NVIDIA A10",), "deviceQuery, detect-gpu#3"),
+    GpuSpec("A10G", 24, 22587 * _MIB, ("NVIDIA A10G",), "torch repr, NVIDIA/DCGM#232"),
+    GpuSpec(
+        "RTX 3090",
+        24,
+        24154 * _MIB,
+        ("NVIDIA GeForce RTX 3090", "3090"),
+        "deviceQuery, thamada/nvidia-smi gls/RTX3090",
+    ),
+    GpuSpec(
+        "RTX 4090",
+        24,
+        24210 * _MIB,
+        ("NVIDIA GeForce RTX 4090", "4090"),
+        "deviceQuery, thamada/nvidia-smi gls/RTX4090",
+    ),
+    GpuSpec(
+        "V100-32GB",
+        32,
+        32510 * _MIB,
+        ("Tesla V100-SXM2-32GB", "Tesla V100-PCIE-32GB"),
+        "torch repr / deviceQuery",
+    ),
+    GpuSpec(
+        "A100-40GB",
+        40,
+        40339 * _MIB,
+        ("NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB", "A100 40GB"),
+        "deviceQuery, bottlerocket#3873",
+    ),
+    GpuSpec(
+        "L40S",
+        48,
+        45589 * _MIB,
+        ("NVIDIA L40S",),
+        "deviceQuery / torch repr, thamada/nvidia-smi nvsim/L40S",
+    ),
+    GpuSpec("RTX A6000", 48, 48676 * _MIB, ("NVIDIA RTX A6000", "A6000"), "torch repr"),
+    GpuSpec(
+        "A100-80GB",
+        80,
+        81158 * _MIB,
+        ("NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe"),
+        "deviceQuery, thamada/nvidia-smi nvsim/A100SXM",
+    ),
+    GpuSpec(
+        "H100-80GB",
+        80,
+        81106 * _MIB,
+        ("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "H100-SXM"),
+        "deviceQuery, thamada/nvidia-smi nvsim/H100SXM; NVIDIA/nccl#1264",
+    ),
+    GpuSpec(
+        "H100-NVL",
+        94,
+        95235 * _MIB,
+        ("NVIDIA H100 NVL",),
+        "deviceQuery, thamada/nvidia-smi gls/H100NVL",
+    ),
+    GpuSpec("H200", 141, 143156 * _MIB, ("NVIDIA H200", "H200-141GB"), "torch repr"),
+    GpuSpec("B200", 180, 182642 * _MIB, ("NVIDIA B200",), "torch repr; pytorch/ao#4002"),
+    GpuSpec("MI300X", 192, 196592 * _MIB, ("AMD Instinct MI300X",), "ROCm torch repr, ROCm#4203"),
+)
 
 
 def _key(name: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ckpt_core._gpus import gpu_memory_for
+from ckpt_core._gpus import gpu_memory_for, lookup_gpu
 from ckpt_core._tiers import (
     AUTO_FULL_THRESHOLD_GB,
     AUTO_SELECTIVE_THRESHOLD_GB,
@@ -39,7 +39,8 @@ class Plan:
     ``training_arguments`` goes into ``TrainingArguments(**...)``; ``hooks``
     (``"medium"`` / ``"selective"`` / ``None``) is the granularity the worker
     must install with `install_checkpoint_hooks` after PEFT wrapping.
-    ``estimate`` is the per-tier memory estimate when a model was given.
+    ``estimate`` is the per-tier memory estimate when a model was given;
+    ``gpu`` is the canonical GPU-table name when the caller named a GPU.
     """
 
     tier: Tier
@@ -81,6 +82,7 @@ def make_plan(
     version_text = transformers_version or installed_transformers_version()
     version_text = version_text or ASSUMED_TRANSFORMERS_VERSION
     version = parse_transformers_version(version_text)
+    gpu_name = lookup_gpu(gpu).name if gpu is not None else None
     granularity = granularity_for(parsed, memory)
     settings = trainer_settings(granularity, version)
     return Plan(
@@ -90,11 +92,11 @@ def make_plan(
         hooks=settings.hooks,
         description=describe(parsed, memory),
         reason=(
-            f"{_why_granularity(parsed, granularity, memory, gpu)}; "
+            f"{_why_granularity(parsed, granularity, memory, gpu_name)}; "
             f"{_how(granularity, settings.hooks, version_text)}"
         ),
         gpu_memory_gb=memory,
-        gpu=gpu,
+        gpu=gpu_name,
         transformers_version=version_text,
     )
 
