@@ -1,0 +1,390 @@
+"""The ``ckpt`` command line: resolve, describe, dry-run, presets, detect.
+
+Standard-library argparse only, so a worker gets no new dependency, and only
+the sub-command that needs torch imports it (``dry-run`` and ``detect``):
+``ckpt resolve`` answers without loading torch or transformers.
+
+Exit status: 0 on success, 2 on bad input (one line on stderr, no
+traceback), 1 when the service was asked with ``--no-fallback`` and could not
+answer.  ``--json`` prints exactly the object the Python API returns
+(`Plan.to_dict()`, `DryRunReport.to_dict()`), whether it came from the
+service, its fallback or the local library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any, NoReturn
+
+from ckpt_core._errors import CkptError, ModelConfigError, UnknownGpuError
+from ckpt_core._gpus import lookup_gpu
+from ckpt_core._plan import Plan, make_plan
+from ckpt_core._seed_api import describe_tier
+
+EXIT_BAD_INPUT = 2
+EXIT_UNAVAILABLE = 1
+
+_EPILOG = """\
+examples:
+  ckpt resolve --tier auto --gpu A100-80GB
+  ckpt resolve --tier auto --gpu-memory-gb 23.6 --transformers-version 4.57.0 --json
+  ckpt resolve --tier auto --gpu H100-80GB --model llama-3.1-8b --seq-len 4096 --method lora
+  ckpt describe --tier medium
+  ckpt dry-run --model ./config.json --tier selective --json
+  ckpt presets
+  ckpt detect
+  ckpt resolve --tier auto --gpu L4 --service http://ckpt-advisor:8000
+
+gpu memory is in GiB as torch reports it (an "80 GB" A100 reports ~79.2 GiB);
+name the GPU with --gpu to avoid the question.
+"""
+
+_WORKLOAD_FLAGS: tuple[tuple[str, type], ...] = (
+    ("seq_len", int),
+    ("micro_batch_size", int),
+    ("dtype", str),
+    ("weights", str),
+    ("method", str),
+    ("lora_rank", int),
+    ("lora_targets", str),
+    ("optimizer", str),
+    ("attention", str),
+    ("headroom", float),
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors in one line, with the same exit status."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full ``ckpt`` parser (exposed for docs and tests)."""
+    parser = _Parser(
+        prog="ckpt",
+        description="Decide and apply activation checkpointing for HuggingFace training jobs.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    resolve = _command(commands, "resolve", "the plan: tier, TrainingArguments kwargs, hooks")
+    _add_plan_args(resolve)
+    _add_model_arg(resolve, required=False)
+    _add_workload_args(resolve)
+    _add_service_args(resolve)
+    describe = _command(commands, "describe", "a one-line description of a tier")
+    _add_tier_args(describe)
+    _add_service_args(describe)
+    dry = _command(commands, "dry-run", "build the model on the meta device and hook it")
+    _add_plan_args(dry)
+    _add_model_arg(dry, required=True)
+    dry.add_argument("--measure-seq-len", type=int, help="also measure activation bytes")
+    dry.add_argument("--measure-batch-size", type=int, help="batch for the measurement (1)")
+    _add_service_args(dry)
+    _command(commands, "presets", "the bundled model presets")
+    _command(commands, "detect", "this machine's GPUs, as the tiers see them")
+    return parser
+
+
+def _command(commands: Any, name: str, help_text: str) -> argparse.ArgumentParser:
+    sub = commands.add_parser(
+        name,
+        help=help_text,
+        description=help_text,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub.add_argument("--json", action="store_true", help="print JSON for scripts")
+    return sub
+
+
+def _add_tier_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tier", required=True, help="off | full | medium | selective | auto")
+    parser.add_argument("--gpu", help="GPU model name, e.g. A100-80GB, H100, L4")
+    parser.add_argument("--gpu-memory-gb", type=float, help="GPU memory in GiB (not with --gpu)")
+
+
+def _add_plan_args(parser: argparse.ArgumentParser) -> None:
+    _add_tier_args(parser)
+    parser.add_argument(
+        "--transformers-version", help="the worker's transformers (default: the installed one)"
+    )
+
+
+def _add_model_arg(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    parser.add_argument(
+        "--model",
+        required=required,
+        help="a bundled preset name (see `ckpt presets`) or a path to a config.json",
+    )
+
+
+def _add_workload_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("workload (with --model: model-aware auto)")
+    for name, kind in _WORKLOAD_FLAGS:
+        flag = "--" + name.replace("_", "-")
+        help_text = "comma-separated module names" if name == "lora_targets" else None
+        group.add_argument(flag, type=kind, help=help_text)
+
+
+def _add_service_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("service")
+    group.add_argument("--service", metavar="URL", help="ask the ckpt-advisor service at URL")
+    group.add_argument("--timeout", type=float, default=30.0, help="seconds per request (30)")
+    group.add_argument(
+        "--no-fallback",
+        action="store_true",
+        help="fail instead of answering locally when the service is unreachable",
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``ckpt`` and ``python -m ckpt_core``; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    handler = _HANDLERS[args.command]
+    try:
+        handler(args)
+    except ConnectionError as exc:  # ServiceUnavailableError with --no-fallback
+        return _fail(EXIT_UNAVAILABLE, exc)
+    except ModuleNotFoundError as exc:  # dry-run without torch, --service without httpx
+        return _fail(EXIT_UNAVAILABLE, f"{exc}: `ckpt {args.command}` needs it installed")
+    except (CkptError, ValueError) as exc:
+        return _fail(EXIT_BAD_INPUT, exc)
+    return 0
+
+
+def _fail(status: int, exc: BaseException | str) -> int:
+    message = " ".join(str(exc).split())  # one line, whatever the message held
+    print(f"ckpt: error: {message}", file=sys.stderr)
+    return status
+
+
+def _cmd_resolve(args: argparse.Namespace) -> None:
+    kwargs = {
+        "gpu": args.gpu,
+        "transformers_version": args.transformers_version,
+        "model": _model_spec(args.model) if args.model else None,
+        "workload": _workload(args),
+    }
+    if args.service:
+        plan = _ask_service(args, lambda c: c.resolve(args.tier, args.gpu_memory_gb, **kwargs))
+    else:
+        from ckpt_core.client import local_plan
+
+        plan = local_plan(args.tier, args.gpu_memory_gb, **kwargs)
+    _emit(args, plan.to_dict(), _plan_text(plan))
+
+
+def _cmd_describe(args: argparse.Namespace) -> None:
+    if args.service:
+        text = _ask_service(args, lambda c: c.describe(args.tier, args.gpu_memory_gb, gpu=args.gpu))
+    else:
+        text = describe_tier(args.tier, args.gpu_memory_gb, gpu=args.gpu)
+    _emit(args, {"tier": args.tier, "description": text}, text)
+
+
+def _cmd_dry_run(args: argparse.Namespace) -> None:
+    model = _model_spec(args.model)
+    measure = _measure(args)
+    kwargs = {"gpu": args.gpu, "transformers_version": args.transformers_version}
+    if args.service:
+        report = _ask_service(
+            args,
+            lambda c: c.dry_run(model, args.tier, args.gpu_memory_gb, measure=measure, **kwargs),
+        )
+    else:
+        from ckpt_core._dry_run import dry_run
+
+        report = dry_run(model, args.tier, args.gpu_memory_gb, measure=measure, **kwargs)
+    data = report.to_dict()
+    _emit(args, data, _mapping_text(data))
+
+
+def _cmd_presets(args: argparse.Namespace) -> None:
+    from ckpt_core._presets import list_presets
+
+    presets = list_presets()
+    _emit(args, presets, "\n".join(_preset_line(p) for p in presets))
+
+
+def _cmd_detect(args: argparse.Namespace) -> None:
+    gpus, note = detect_gpus()
+    if not gpus:
+        _emit(args, {"gpus": [], "note": note}, f"no GPU ({note})")
+        return
+    lines = [f"{'#':<3} {'device':<28} {'GiB':>7}  {'GPU table':<14} auto"]
+    for gpu in gpus:
+        lines.append(
+            f"{gpu['index']:<3} {gpu['name']:<28} {gpu['memory_gib']:>7.2f}  "
+            f"{gpu['gpu_table'] or '(not listed)':<14} {gpu['auto']}"
+        )
+    _emit(args, {"gpus": gpus, "note": note}, "\n".join(lines))
+
+
+def detect_gpus() -> tuple[list[dict[str, Any]], str]:
+    """This machine's GPUs: name, GiB as torch reports it, GPU-table match, auto's pick."""
+    if find_spec("torch") is None:
+        return [], "torch is not installed"
+    import torch
+
+    if not torch.cuda.is_available():
+        return [], "torch.cuda reports no device"
+    gpus = []
+    for index in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(index)
+        memory_gib = props.total_memory / 2**30
+        try:
+            table_name: str | None = lookup_gpu(props.name).name
+        except UnknownGpuError:
+            table_name = None
+        gpus.append(
+            {
+                "index": index,
+                "name": props.name,
+                "memory_gib": round(memory_gib, 3),
+                "gpu_table": table_name,
+                "auto": make_plan("auto", memory_gib).granularity,
+            }
+        )
+    return gpus, f"torch {torch.__version__}, memory in GiB (2**30 bytes)"
+
+
+def _ask_service(args: argparse.Namespace, call: Callable[[Any], Any]) -> Any:
+    """Run one client call; a fallback answer is flagged on stderr, not in the output."""
+    from ckpt_core.client import CkptClient
+
+    with CkptClient(args.service, timeout=args.timeout, fallback=not args.no_fallback) as client:
+        answer = call(client)
+    if answer.source == "fallback":
+        print(
+            f"ckpt: warning: service unavailable ({answer.fallback_reason}); answered locally",
+            file=sys.stderr,
+        )
+    return answer.value
+
+
+def _model_spec(value: str) -> dict[str, Any]:
+    """``--model``: a path to a config.json (inline config) or a preset name."""
+    path = Path(value)
+    if not (value.endswith(".json") or path.is_file()):
+        return {"preset": value}
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ModelConfigError(f"cannot read model config {value!r}: {exc}", field="model") from exc
+    except json.JSONDecodeError as exc:
+        raise ModelConfigError(f"{value!r} is not valid JSON: {exc}", field="model") from exc
+    if not isinstance(config, dict):
+        raise ModelConfigError(f"{value!r} must hold a JSON object", field="model")
+    return {"config": config}
+
+
+def _workload(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The workload flags that were given, as the JSON object the API takes."""
+    given = {name: getattr(args, name) for name, _ in _WORKLOAD_FLAGS}
+    workload = {name: value for name, value in given.items() if value is not None}
+    if "lora_targets" in workload:
+        workload["lora_targets"] = [t.strip() for t in workload["lora_targets"].split(",")]
+    return workload or None
+
+
+def _measure(args: argparse.Namespace) -> dict[str, int] | None:
+    if args.measure_seq_len is None:
+        if args.measure_batch_size is not None:
+            raise ValueError("--measure-batch-size needs --measure-seq-len")
+        return None
+    measure = {"seq_len": args.measure_seq_len}
+    if args.measure_batch_size is not None:
+        measure["micro_batch_size"] = args.measure_batch_size
+    return measure
+
+
+def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
+    if args.json:
+        print(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        print(text)
+
+
+def _plan_text(plan: Plan) -> str:
+    rows: list[tuple[str, str]] = [
+        ("tier", plan.tier),
+        ("granularity", plan.granularity or "off"),
+        ("hooks", plan.hooks or "none"),
+    ]
+    kwargs = plan.training_arguments
+    rows += [("TrainingArguments", f"{k}={json.dumps(v)}") for k, v in kwargs.items()]
+    if plan.gpu_memory_gb is not None:
+        rows.append(("gpu memory", f"{plan.gpu_memory_gb:g} GiB" + _gpu_suffix(plan.gpu)))
+    rows += [
+        ("transformers", plan.transformers_version),
+        ("description", plan.description),
+        ("reason", plan.reason),
+    ]
+    text = _table(rows)
+    if plan.estimate:
+        text += "\n\nestimate:\n" + _mapping_text(plan.estimate, indent=2)
+    return text
+
+
+def _gpu_suffix(gpu: str | None) -> str:
+    return f" ({gpu})" if gpu else ""
+
+
+def _table(rows: Sequence[tuple[str, str]]) -> str:
+    width = max(len(key) for key, _ in rows)
+    lines = []
+    previous = None
+    for key, value in rows:
+        label = "" if key == previous else key  # repeated keys read as one block
+        lines.append(f"{label:<{width}}  {value}")
+        previous = key
+    return "\n".join(lines)
+
+
+def _mapping_text(data: Mapping[str, Any], *, indent: int = 0) -> str:
+    """Nested mappings as indented ``key: value`` lines; lists of scalars on one line."""
+    pad = " " * indent
+    lines = []
+    for key, value in data.items():
+        if isinstance(value, Mapping) and value:
+            lines.append(f"{pad}{key}:")
+            lines.append(_mapping_text(value, indent=indent + 2))
+        elif isinstance(value, list) and value and isinstance(value[0], Mapping):
+            lines.append(f"{pad}{key}:")
+            lines += [_mapping_text(item, indent=indent + 2) + "\n" for item in value]
+        else:
+            lines.append(f"{pad}{key}: {_scalar(value)}")
+    return "\n".join(lines)
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, list):
+        return ", ".join(str(item) for item in value) if value else "(none)"
+    if isinstance(value, float):
+        return f"{value:,.6g}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return "(none)" if value is None else str(value)
+
+
+def _preset_line(preset: Any) -> str:
+    if isinstance(preset, Mapping):
+        return "  ".join(str(value) for value in preset.values())
+    return str(preset)
+
+
+_HANDLERS: dict[str, Callable[[argparse.Namespace], None]] = {
+    "resolve": _cmd_resolve,
+    "describe": _cmd_describe,
+    "dry-run": _cmd_dry_run,
+    "presets": _cmd_presets,
+    "detect": _cmd_detect,
+}
