@@ -79,8 +79,9 @@ def make_plan(
     """Resolve a tier into a `Plan` (no model: ``auto`` uses the VRAM thresholds)."""
     parsed = parse_tier(tier)
     memory = resolve_gpu_memory(gpu_memory_gb, gpu)
-    version_text = transformers_version or installed_transformers_version()
-    version_text = version_text or ASSUMED_TRANSFORMERS_VERSION
+    version_text = transformers_version
+    if version_text is None:
+        version_text = installed_transformers_version() or ASSUMED_TRANSFORMERS_VERSION
     version = parse_transformers_version(version_text)
     gpu_name = lookup_gpu(gpu).name if gpu is not None else None
     granularity = granularity_for(parsed, memory)

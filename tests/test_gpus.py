@@ -1,0 +1,87 @@
+"""GPUs by name: where each lands, name normalisation, and the unit (GiB)."""
+
+from __future__ import annotations
+
+import pytest
+
+import ckpt_core
+
+# Where each card lands with the seed thresholds, memory in GiB as torch reports it.
+LANDS = {
+    "T4": "full",
+    "V100-16GB": "full",
+    "L4": "full",
+    "A10": "full",
+    "A10G": "full",
+    "RTX 3090": "full",
+    "RTX 4090": "full",
+    "V100-32GB": "medium",
+    "A100-40GB": "medium",
+    "L40S": "medium",
+    "RTX A6000": "medium",
+    "A100-80GB": "medium",
+    "H100-80GB": "medium",
+    "H100-NVL": "selective",
+    "H200": "selective",
+    "B200": "selective",
+    "MI300X": "selective",
+}
+
+
+@pytest.mark.parametrize(("gpu", "granularity"), LANDS.items())
+def test_where_each_gpu_lands(gpu: str, granularity: str) -> None:
+    assert ckpt_core.resolve_granularity("auto", gpu=gpu) == granularity
+    spec = ckpt_core.lookup_gpu(gpu)
+    # Reported memory is below the marketed decimal GB, and never near a threshold.
+    assert spec.memory_gib < spec.marketed_gb
+    assert abs(spec.memory_gib - ckpt_core.AUTO_FULL_THRESHOLD_GB) > 0.3
+    assert abs(spec.memory_gib - ckpt_core.AUTO_SELECTIVE_THRESHOLD_GB) > 0.3
+    assert ckpt_core.resolve_granularity("auto", spec.memory_gib) == granularity
+
+
+def test_the_table_covers_the_issue_list() -> None:
+    assert set(LANDS) == {spec.name for spec in ckpt_core.GPUS}
+
+
+@pytest.mark.parametrize(
+    ("name", "canonical"),
+    [
+        ("NVIDIA A100-SXM4-80GB", "A100-80GB"),
+        ("a100 80gb", "A100-80GB"),
+        ("NVIDIA A100-SXM4-40GB", "A100-40GB"),
+        ("NVIDIA H100 80GB HBM3", "H100-80GB"),
+        ("NVIDIA GeForce RTX 4090", "RTX 4090"),
+        ("rtx-3090", "RTX 3090"),
+        ("Tesla T4", "T4"),
+        ("AMD Instinct MI300X", "MI300X"),
+        ("  h200 ", "H200"),
+    ],
+)
+def test_names_as_torch_and_people_write_them(name: str, canonical: str) -> None:
+    assert ckpt_core.lookup_gpu(name).name == canonical
+
+
+@pytest.mark.parametrize("name", ["A100", "H100", "V100", "RTX 5090", "", "   ", "80GB"])
+def test_ambiguous_or_unknown_names_are_errors(name: str) -> None:
+    with pytest.raises(ckpt_core.UnknownGpuError, match="gpu") as raised:
+        ckpt_core.lookup_gpu(name)
+    assert raised.value.field == "gpu"
+
+
+def test_an_80gb_card_is_medium_in_gib_but_would_be_selective_in_decimal_gb() -> None:
+    spec = ckpt_core.lookup_gpu("A100-80GB")
+    decimal_gb = spec.memory_gib * 2**30 / 1e9
+    assert ckpt_core.resolve_granularity("auto", spec.memory_gib) == "medium"
+    assert ckpt_core.resolve_granularity("auto", decimal_gb) == "selective"
+
+
+def test_gpu_and_memory_together_is_an_error() -> None:
+    with pytest.raises(ckpt_core.InvalidGpuMemoryError, match="not both"):
+        ckpt_core.make_plan("auto", 40, gpu="A100-80GB")
+
+
+def test_plan_carries_the_canonical_gpu_name() -> None:
+    plan = ckpt_core.make_plan("auto", gpu="nvidia h100 80gb hbm3")
+    assert plan.gpu == "H100-80GB"
+    assert plan.gpu_memory_gb == ckpt_core.lookup_gpu("H100-80GB").memory_gib
+    assert "H100-80GB" in plan.reason
