@@ -1,0 +1,146 @@
+"""Dry run on the meta device (DESIGN section 4): what a tier would checkpoint on a model.
+
+Resolve the tier into a `Plan`, validate the model config, build the model on
+``torch.device("meta")`` (no weights, no download), install the hooks of the
+plan's granularity - also for full / medium, where HF's own checkpointing may
+do the work in training, so the report shows which modules the tier covers -
+and optionally measure the activation bytes autograd keeps for one
+batch x sequence.  Importing this module loads no torch: the model-touching
+modules are imported when a dry run runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING, Any, Final
+
+from ckpt_core._errors import InvalidWorkloadError
+from ckpt_core._models import ConfigLimits, build_meta_model, count_parameters, load_model_config
+from ckpt_core._plan import make_plan
+from ckpt_core._tiers import Granularity, Tier
+from ckpt_core._workload import Workload
+
+if TYPE_CHECKING:
+    from torch import nn
+
+# What a measurement may be asked for; the rest of a workload does not change
+# the activation bytes.  Validated by `Workload`, reported back as given.
+MEASURE_FIELDS: Final = ("seq_len", "micro_batch_size", "dtype", "attention")
+
+
+@dataclass(frozen=True, slots=True)
+class DryRunReport:
+    """What a tier checkpoints on one model, built on meta; JSON via `to_dict`.
+
+    ``native`` is true when HF's own checkpointing does this tier for the
+    given transformers version (the worker installs no hooks); ``modules``
+    then still lists the blocks HF wraps.  ``measured`` is None, or the
+    activation bytes of one forward with labels for the requested shape.
+    """
+
+    tier: Tier
+    granularity: Granularity | None
+    model_type: str
+    architecture: str
+    parameters: int
+    blocks: int
+    hooked: int
+    modules: tuple[str, ...]
+    native: bool
+    measured: dict[str, Any] | None
+    elapsed_ms: float
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["modules"] = list(self.modules)
+        return data
+
+
+def dry_run(
+    model: Mapping[str, Any],
+    tier: object,
+    gpu_memory_gb: object = None,
+    *,
+    gpu: str | None = None,
+    transformers_version: str | None = None,
+    measure: Mapping[str, Any] | None = None,
+    limits: ConfigLimits | None = None,
+) -> DryRunReport:
+    """Build ``model`` (``{"preset": ...}`` or ``{"config": {...}}``) on meta and hook ``tier``.
+
+    ``measure`` (``{"seq_len": ..., "micro_batch_size": ..., "dtype": ...,
+    "attention": ...}``, all but ``seq_len`` optional) adds a meta-device
+    measurement of the activation bytes.  Errors are the ckpt_core errors of
+    the input at fault (tier, GPU, model config, measure fields).
+    """
+    started = time.perf_counter()
+    plan = make_plan(tier, gpu_memory_gb, gpu=gpu, transformers_version=transformers_version)
+    shape = _measure_shape(measure)
+    cfg = load_model_config(model, limits=limits)
+    built = build_meta_model(
+        cfg, attention=shape.attention if shape else None, limits=limits or ConfigLimits()
+    )
+    blocks, modules = _cover(built, plan.granularity)
+    measured = _measure(built, plan.granularity, shape) if shape else None
+    return DryRunReport(
+        tier=plan.tier,
+        granularity=plan.granularity,
+        model_type=cfg.model_type,
+        architecture=cfg.architecture,
+        parameters=count_parameters(built),
+        blocks=blocks,
+        hooked=len(modules),
+        modules=modules,
+        native=plan.granularity is not None and plan.hooks is None,
+        measured=measured,
+        elapsed_ms=round((time.perf_counter() - started) * 1000, 1),
+    )
+
+
+def _cover(model: nn.Module, granularity: Granularity | None) -> tuple[int, tuple[str, ...]]:
+    """(number of blocks, names of the modules the granularity checkpoints)."""
+    if granularity is None:
+        from ckpt_core._blocks import find_blocks
+
+        return sum(len(stack) for stack in find_blocks(model).values()), ()
+    from ckpt_core._hooks import install_checkpoint_hooks
+
+    report = install_checkpoint_hooks(model, granularity)
+    return len(report.blocks), report.hooked
+
+
+def _measure_shape(measure: Mapping[str, Any] | None) -> Workload | None:
+    """The measurement shape as a validated `Workload`; errors name ``measure.<field>``."""
+    if measure is None:
+        return None
+    if not isinstance(measure, Mapping):
+        raise InvalidWorkloadError("measure must be an object", field="measure")
+    unknown = sorted(set(measure) - set(MEASURE_FIELDS))
+    if unknown:
+        raise InvalidWorkloadError(
+            f"unknown measure field(s) {unknown}; known: {list(MEASURE_FIELDS)}",
+            field=f"measure.{unknown[0]}",
+        )
+    try:
+        return Workload.from_dict(measure)
+    except InvalidWorkloadError as exc:
+        field = (exc.field or "workload").replace("workload", "measure", 1)
+        raise InvalidWorkloadError(exc.message.replace("workload", "measure"), field=field) from exc
+
+
+def _measure(model: nn.Module, granularity: Granularity | None, shape: Workload) -> dict[str, Any]:
+    """Activation bytes of ``model`` for ``shape``, by the meta-device measurement."""
+    try:
+        from ckpt_core._measure import measure_activation_bytes
+    except ModuleNotFoundError as exc:
+        if exc.name != "ckpt_core._measure":
+            raise
+        raise NotImplementedError(
+            "activation measurement is not available in this build (ckpt_core._measure "
+            "is missing); run the dry run without measure"
+        ) from exc
+    requested = {f.name: getattr(shape, f.name) for f in fields(shape) if f.name in MEASURE_FIELDS}
+    activation_bytes = measure_activation_bytes(model, granularity, **requested)
+    return {"activation_bytes": int(activation_bytes), **requested}
