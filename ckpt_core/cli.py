@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from importlib.util import find_spec
@@ -25,6 +27,7 @@ from ckpt_core._errors import CkptError, ModelConfigError, UnknownGpuError
 from ckpt_core._gpus import lookup_gpu
 from ckpt_core._plan import Plan, make_plan
 from ckpt_core._seed_api import describe_tier
+from ckpt_core.client import ServiceUnavailableError, local_plan
 
 EXIT_BAD_INPUT = 2
 EXIT_UNAVAILABLE = 1
@@ -138,6 +141,7 @@ def _add_service_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("service")
     group.add_argument("--service", metavar="URL", help="ask the ckpt-advisor service at URL")
     group.add_argument("--timeout", type=float, default=30.0, help="seconds per request (30)")
+    group.add_argument("--retries", type=int, default=3, help="retries after the first try (3)")
     group.add_argument(
         "--no-fallback",
         action="store_true",
@@ -148,10 +152,14 @@ def _add_service_args(parser: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``ckpt`` and ``python -m ckpt_core``; returns the exit status."""
     args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="ckpt: %(levelname)s: %(message)s")
     handler = _HANDLERS[args.command]
     try:
         handler(args)
-    except ConnectionError as exc:  # ServiceUnavailableError with --no-fallback
+    except BrokenPipeError:  # `ckpt presets | head`: the reader left, nothing to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_UNAVAILABLE
+    except ServiceUnavailableError as exc:  # --no-fallback and the service did not answer
         return _fail(EXIT_UNAVAILABLE, exc)
     except ModuleNotFoundError as exc:  # dry-run without torch, --service without httpx
         return _fail(EXIT_UNAVAILABLE, f"{exc}: `ckpt {args.command}` needs it installed")
@@ -176,8 +184,6 @@ def _cmd_resolve(args: argparse.Namespace) -> None:
     if args.service:
         plan = _ask_service(args, lambda c: c.resolve(args.tier, args.gpu_memory_gb, **kwargs))
     else:
-        from ckpt_core.client import local_plan
-
         plan = local_plan(args.tier, args.gpu_memory_gb, **kwargs)
     _emit(args, plan.to_dict(), _plan_text(plan))
 
@@ -210,8 +216,14 @@ def _cmd_dry_run(args: argparse.Namespace) -> None:
 def _cmd_presets(args: argparse.Namespace) -> None:
     from ckpt_core._presets import list_presets
 
-    presets = list_presets()
-    _emit(args, presets, "\n".join(_preset_line(p) for p in presets))
+    presets = [preset.to_dict() for preset in list_presets()]
+    lines = [f"{'name':<20} {'model_type':<12} {'architecture':<32} {'parameters':>10}"]
+    lines += [
+        f"{p['name']:<20} {p['model_type']:<12} {p['architecture'] or '-':<32} "
+        f"{p['published_parameters'] / 1e9:>9.2f}B"
+        for p in presets
+    ]
+    _emit(args, presets, "\n".join(lines))
 
 
 def _cmd_detect(args: argparse.Namespace) -> None:
@@ -257,17 +269,14 @@ def detect_gpus() -> tuple[list[dict[str, Any]], str]:
 
 
 def _ask_service(args: argparse.Namespace, call: Callable[[Any], Any]) -> Any:
-    """Run one client call; a fallback answer is flagged on stderr, not in the output."""
+    """Run one client call; the client logs a fallback answer as a warning on stderr."""
     from ckpt_core.client import CkptClient
 
-    with CkptClient(args.service, timeout=args.timeout, fallback=not args.no_fallback) as client:
-        answer = call(client)
-    if answer.source == "fallback":
-        print(
-            f"ckpt: warning: service unavailable ({answer.fallback_reason}); answered locally",
-            file=sys.stderr,
-        )
-    return answer.value
+    client = CkptClient(
+        args.service, timeout=args.timeout, retries=args.retries, fallback=not args.no_fallback
+    )
+    with client:
+        return call(client).value
 
 
 def _model_spec(value: str) -> dict[str, Any]:
@@ -373,12 +382,6 @@ def _scalar(value: Any) -> str:
     if isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"
     return "(none)" if value is None else str(value)
-
-
-def _preset_line(preset: Any) -> str:
-    if isinstance(preset, Mapping):
-        return "  ".join(str(value) for value in preset.values())
-    return str(preset)
 
 
 _HANDLERS: dict[str, Callable[[argparse.Namespace], None]] = {

@@ -1,0 +1,204 @@
+"""The ``ckpt`` command, run as a real process: outputs, JSON, exit codes.
+
+Expected answers come from the Python API in this process, so the tests check
+that the CLI is a faithful front end, not the tier rules themselves (those
+have their own tests).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ckpt_core import describe_tier, make_plan
+from ckpt_core._presets import preset_names
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUTF8": "1"}
+
+
+def ckpt(*args: str, entry: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+    command = entry or [sys.executable, "-m", "ckpt_core"]
+    return subprocess.run(
+        [*command, *args], capture_output=True, text=True, env=ENV, timeout=120, check=False
+    )
+
+
+def ckpt_json(*args: str) -> Any:
+    result = ckpt(*args, "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def assert_bad_input(result: subprocess.CompletedProcess[str], *needles: str) -> None:
+    """Exit 2, nothing on stdout, one line on stderr naming the problem, no traceback."""
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def closed_port() -> int:
+    """A loopback port with nothing listening (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_help_lists_every_command_and_examples() -> None:
+    result = ckpt("--help")
+    assert result.returncode == 0
+    for command in ("resolve", "describe", "dry-run", "presets", "detect"):
+        assert command in result.stdout
+    assert "examples:" in result.stdout
+    assert "ckpt resolve --tier auto --gpu A100-80GB" in result.stdout
+
+
+def test_console_script_is_the_same_program() -> None:
+    script = Path(sys.executable).with_name("ckpt")
+    result = ckpt("resolve", "--tier", "full", "--json", entry=[str(script)])
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == make_plan("full").to_dict()
+
+
+OLD = "--transformers-version"
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [
+        (["--tier", "auto", "--gpu-memory-gb", "79.2"], {"gpu_memory_gb": 79.2}),
+        (["--tier", "auto", "--gpu", "A100-80GB"], {"gpu": "A100-80GB"}),
+        (["--tier", " Selective", OLD, "4.40.0"], {"transformers_version": "4.40.0"}),
+        (["--tier", "medium", OLD, "5.15.0"], {"transformers_version": "5.15.0"}),
+        (["--tier", "off"], {}),
+    ],
+)
+def test_resolve_json_is_the_plan(args: list[str], kwargs: dict[str, Any]) -> None:
+    tier = args[1]
+    assert ckpt_json("resolve", *args) == make_plan(tier, **kwargs).to_dict()
+
+
+def test_resolve_table_shows_kwargs_hooks_and_reason() -> None:
+    plan = make_plan("selective", transformers_version="5.15.0")
+    result = ckpt("resolve", "--tier", "selective", "--transformers-version", "5.15.0")
+    assert result.returncode == 0, result.stderr
+    rows = {line.split()[0]: line for line in result.stdout.splitlines() if line.strip()}
+    assert rows["granularity"].split()[-1] == "selective"
+    assert rows["hooks"].split()[-1] == "selective"
+    assert "gradient_checkpointing=false" in rows["TrainingArguments"]
+    assert plan.reason in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--tier", "fulll"], "fulll"),
+        (["--tier", "0"], "unknown tier"),
+        (["--tier", "auto", "--gpu-memory-gb", "nan"], "gpu_memory_gb"),
+        (["--tier", "auto", "--gpu-memory-gb", "-8"], "gpu_memory_gb"),
+        (["--tier", "auto", "--gpu-memory-gb", "eighty"], "--gpu-memory-gb"),
+        (["--tier", "auto", "--gpu", "Z9000"], "Z9000"),
+        (["--tier", "auto", "--gpu", "A100-80GB", "--gpu-memory-gb", "80"], "not both"),
+        (["--tier", "full", "--transformers-version", "4.30.0"], "too old"),
+        (["--tier", "full", "--transformers-version", "five"], "five"),
+        (["--gpu", "L4"], "--tier"),
+        (["--tier", "auto", "--model", "no-such-dir/config.json"], "no-such-dir/config.json"),
+        (["--tier", "auto", "--service", "ftp://example"], "http"),
+    ],
+)
+def test_resolve_bad_input_exits_2_with_one_line(args: list[str], needle: str) -> None:
+    assert_bad_input(ckpt("resolve", *args), needle)
+
+
+def test_unknown_command_exits_2() -> None:
+    assert_bad_input(ckpt("resolv", "--tier", "full"), "resolv")
+
+
+def test_model_file_that_is_not_a_json_object_exits_2(tmp_path: Path) -> None:
+    broken = tmp_path / "config.json"
+    broken.write_text("{not json")
+    assert_bad_input(ckpt("resolve", "--tier", "auto", "--model", str(broken)), "not valid JSON")
+    broken.write_text("[1, 2]")
+    assert_bad_input(ckpt("resolve", "--tier", "auto", "--model", str(broken)), "JSON object")
+
+
+@pytest.mark.parametrize(
+    ("args", "tier", "memory"),
+    [
+        (["--tier", "medium"], "medium", None),
+        (["--tier", "auto", "--gpu-memory-gb", "16"], "auto", 16),
+    ],
+)
+def test_describe_text_and_json(args: list[str], tier: str, memory: float | None) -> None:
+    expected = describe_tier(tier, memory)
+    result = ckpt("describe", *args)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == expected
+    assert ckpt_json("describe", *args)["description"] == expected
+
+
+def test_describe_bad_tier_exits_2() -> None:
+    assert_bad_input(ckpt("describe", "--tier", "selective-ish"), "selective-ish")
+
+
+def test_presets_lists_every_bundled_preset() -> None:
+    listed = ckpt_json("presets")
+    assert [p["name"] for p in listed] == preset_names()
+    assert all(p["published_parameters"] > 0 and p["model_type"] for p in listed)
+    table = ckpt("presets")
+    assert table.returncode == 0
+    assert len(table.stdout.strip().splitlines()) == len(listed) + 1  # header + one per preset
+
+
+def test_detect_reports_what_torch_sees() -> None:
+    import torch
+
+    data = ckpt_json("detect")
+    if not torch.cuda.is_available():
+        assert data["gpus"] == []
+        assert ckpt("detect").stdout.startswith("no GPU")
+        return
+    assert len(data["gpus"]) == torch.cuda.device_count()
+    for gpu in data["gpus"]:
+        assert gpu["auto"] == make_plan("auto", gpu["memory_gib"]).granularity
+
+
+def test_service_unreachable_falls_back_to_the_local_answer() -> None:
+    url = f"http://127.0.0.1:{closed_port()}"
+    args = ("resolve", "--tier", "auto", "--gpu", "L4", "--service", url, "--retries", "0")
+    result = ckpt(*args, "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == make_plan("auto", gpu="L4").to_dict()
+    assert "answering locally" in result.stderr
+
+
+def test_service_unreachable_without_fallback_exits_1() -> None:
+    url = f"http://127.0.0.1:{closed_port()}"
+    result = ckpt("describe", "--tier", "full", "--service", url, "--retries", "0", "--no-fallback")
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert "unavailable" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_resolve_imports_neither_torch_nor_httpx() -> None:
+    """The CLI must start fast: a plain resolve loads no heavy module."""
+    code = (
+        "import sys; from ckpt_core.cli import main; main(['resolve', '--tier', 'auto']); "
+        "print(sorted(m for m in ('torch', 'transformers', 'httpx', 'pydantic', 'fastapi') "
+        "if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=ENV, check=True
+    )
+    assert result.stdout.strip().splitlines()[-1] == "[]"
