@@ -23,6 +23,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, NoReturn
 
+from ckpt_core._dry_run import MEASURE_FIELDS
 from ckpt_core._errors import CkptError, ModelConfigError, UnknownGpuError
 from ckpt_core._gpus import lookup_gpu
 from ckpt_core._plan import Plan, make_plan
@@ -88,8 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     dry = _command(commands, "dry-run", "build the model on the meta device and hook it")
     _add_plan_args(dry)
     _add_model_arg(dry, required=True)
-    dry.add_argument("--measure-seq-len", type=int, help="also measure activation bytes")
-    dry.add_argument("--measure-batch-size", type=int, help="batch for the measurement (1)")
+    _add_workload_args(
+        dry, names=MEASURE_FIELDS, title="measurement (with --seq-len: activation bytes)"
+    )
     _add_service_args(dry)
     _command(commands, "presets", "the bundled model presets")
     _command(commands, "detect", "this machine's GPUs, as the tiers see them")
@@ -129,9 +131,17 @@ def _add_model_arg(parser: argparse.ArgumentParser, *, required: bool) -> None:
     )
 
 
-def _add_workload_args(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("workload (with --model: model-aware auto)")
+def _add_workload_args(
+    parser: argparse.ArgumentParser,
+    *,
+    names: Sequence[str] | None = None,
+    title: str = "workload (with --model: model-aware auto)",
+) -> None:
+    """Workload flags (all, or the ``names`` a dry-run measurement takes)."""
+    group = parser.add_argument_group(title)
     for name, kind in _WORKLOAD_FLAGS:
+        if names is not None and name not in names:
+            continue
         flag = "--" + name.replace("_", "-")
         help_text = "comma-separated module names" if name == "lora_targets" else None
         group.add_argument(flag, type=kind, help=help_text)
@@ -163,6 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(EXIT_UNAVAILABLE, exc)
     except ModuleNotFoundError as exc:  # dry-run without torch, --service without httpx
         return _fail(EXIT_UNAVAILABLE, f"{exc}: `ckpt {args.command}` needs it installed")
+    except NotImplementedError as exc:  # a dry-run measurement this build cannot do
+        return _fail(EXIT_UNAVAILABLE, exc)
     except (CkptError, ValueError) as exc:
         return _fail(EXIT_BAD_INPUT, exc)
     return 0
@@ -198,7 +210,7 @@ def _cmd_describe(args: argparse.Namespace) -> None:
 
 def _cmd_dry_run(args: argparse.Namespace) -> None:
     model = _model_spec(args.model)
-    measure = _measure(args)
+    measure = _workload(args)
     kwargs = {"gpu": args.gpu, "transformers_version": args.transformers_version}
     if args.service:
         report = _ask_service(
@@ -209,8 +221,7 @@ def _cmd_dry_run(args: argparse.Namespace) -> None:
         from ckpt_core._dry_run import dry_run
 
         report = dry_run(model, args.tier, args.gpu_memory_gb, measure=measure, **kwargs)
-    data = report.to_dict()
-    _emit(args, data, _mapping_text(data))
+    _emit(args, report.to_dict(), _report_text(report.to_dict()))
 
 
 def _cmd_presets(args: argparse.Namespace) -> None:
@@ -296,23 +307,12 @@ def _model_spec(value: str) -> dict[str, Any]:
 
 
 def _workload(args: argparse.Namespace) -> dict[str, Any] | None:
-    """The workload flags that were given, as the JSON object the API takes."""
-    given = {name: getattr(args, name) for name, _ in _WORKLOAD_FLAGS}
+    """The workload (or measurement) flags that were given, as the JSON object the API takes."""
+    given = {name: getattr(args, name, None) for name, _ in _WORKLOAD_FLAGS}
     workload = {name: value for name, value in given.items() if value is not None}
     if "lora_targets" in workload:
         workload["lora_targets"] = [t.strip() for t in workload["lora_targets"].split(",")]
     return workload or None
-
-
-def _measure(args: argparse.Namespace) -> dict[str, int] | None:
-    if args.measure_seq_len is None:
-        if args.measure_batch_size is not None:
-            raise ValueError("--measure-batch-size needs --measure-seq-len")
-        return None
-    measure = {"seq_len": args.measure_seq_len}
-    if args.measure_batch_size is not None:
-        measure["micro_batch_size"] = args.measure_batch_size
-    return measure
 
 
 def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
@@ -340,6 +340,24 @@ def _plan_text(plan: Plan) -> str:
     text = _table(rows)
     if plan.estimate:
         text += "\n\nestimate:\n" + _mapping_text(plan.estimate, indent=2)
+    return text
+
+
+def _report_text(report: Mapping[str, Any]) -> str:
+    rows = [
+        ("model", f"{report['model_type']} ({report['architecture']})"),
+        ("parameters", f"{report['parameters']:,}"),
+        ("tier", f"{report['tier']} -> {report['granularity'] or 'off'}"),
+        ("blocks", str(report["blocks"])),
+        ("checkpointed", f"{report['hooked']} modules"),
+        ("by", "HF's own checkpointing" if report["native"] else "ckpt hooks"),
+        ("elapsed", f"{report['elapsed_ms']:g} ms"),
+    ]
+    if report["measured"]:
+        rows += [("measured", f"{k}={_scalar(v)}") for k, v in report["measured"].items()]
+    text = _table(rows)
+    if report["modules"]:
+        text += "\n\nmodules:\n" + "\n".join(f"  {name}" for name in report["modules"])
     return text
 
 

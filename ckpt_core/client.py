@@ -209,7 +209,7 @@ class CkptClient:
         measure: Mapping[str, Any] | None = None,
     ) -> Answer[DryRunReport]:
         """`dry_run` through the service (``POST /dry-run``); the fallback needs torch."""
-        from ckpt_core._dry_run import DryRunReport, dry_run
+        from ckpt_core._dry_run import dry_run
 
         version = transformers_version or _worker_transformers_version()
         body = _drop_none(
@@ -222,7 +222,7 @@ class CkptClient:
         )
         return self._ask(
             lambda: self._send("POST", "/dry-run", json=body),
-            parse=DryRunReport.from_dict,
+            parse=_dry_run_report,
             local=lambda: dry_run(
                 model, tier, gpu_memory_gb, gpu=gpu, transformers_version=version, measure=measure
             ),
@@ -245,7 +245,7 @@ class CkptClient:
         if not self.fallback:
             raise ServiceUnavailableError(f"service {self.base_url} unavailable: {reason}")
         log.warning("ckpt service %s unavailable (%s): answering locally", self.base_url, reason)
-        return Answer(_as_wire(local()), "fallback", fallback_reason=reason)
+        return Answer(_as_wire(local(), parse), "fallback", fallback_reason=reason)
 
     def _send(
         self,
@@ -352,14 +352,22 @@ def _description(data: Any) -> str:
     raise ValueError(f"expected an object with a 'description' string, got {data!r}")
 
 
-def _as_wire(value: T) -> T:
-    """A local answer in the form a service answer has after JSON decoding.
+def _dry_run_report(data: Any) -> DryRunReport:
+    """A `DryRunReport` from its `to_dict` form (JSON has lists where it has tuples)."""
+    from ckpt_core._dry_run import DryRunReport
 
-    Plans and reports go through `to_dict` -> JSON -> `from_dict`, so a
-    fallback answer compares equal to the service's for the same request
-    (JSON has lists, not tuples).
+    if not isinstance(data, dict):
+        raise TypeError(f"expected a dry-run report object, got {data!r}")
+    return DryRunReport(**{**data, "modules": tuple(data["modules"])})
+
+
+def _as_wire(value: T, parse: Callable[[Any], T]) -> T:
+    """A local answer decoded exactly as a service answer is: `to_dict` -> JSON -> ``parse``.
+
+    So a fallback answer compares equal to the service's for the same request
+    (JSON has lists, not tuples; floats round-trip exactly).
     """
     to_dict = getattr(value, "to_dict", None)
     if to_dict is None:
-        return value
-    return type(value).from_dict(_wire_form(to_dict()))  # type: ignore[attr-defined]
+        return value  # a description string is its own wire form
+    return parse(_wire_form(to_dict()))
