@@ -1,0 +1,158 @@
+"""Dry runs for the service: validate here, look up the cache, else run in the pool.
+
+Everything cheap and everything that bounds the cost - tier, GPU memory,
+measurement shape, the config's size limits - is checked in the server
+process BEFORE a worker is involved; only a valid, bounded config reaches the
+pool.  Reports are cached by what determines them: the canonical config key,
+tier, granularity, GPU memory, measurement shape and the library versions.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Hashable, Mapping
+from dataclasses import fields
+from importlib import metadata
+from typing import Any, Final
+
+from starlette.concurrency import run_in_threadpool
+
+from ckpt_core._dry_run import MEASURE_FIELDS, _measure_shape
+from ckpt_core._errors import CkptError
+from ckpt_core._models import ConfigLimits, load_model_config
+from ckpt_core._plan import make_plan
+from ckpt_core._training_args import installed_transformers_version
+from service import worker
+from service.cache import LRUCache
+from service.errors import (
+    DryRunBusyError,
+    DryRunCrashedError,
+    DryRunFailedError,
+    DryRunTimeoutError,
+    DryRunUnavailableError,
+)
+from service.metrics import Metrics
+from service.pool import JobTimeoutError, PoolBusyError, WorkerCrashedError, WorkerPool
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+# The workers run in this environment: a report depends on these versions.
+_LIBRARY_VERSIONS: Final = (_version("torch"), installed_transformers_version())
+
+
+class DryRunner:
+    """The dry-run pool, its report cache and its metrics, for one app."""
+
+    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+        self.limits: ConfigLimits = settings.config_limits
+        self.retry_after_s = settings.dry_run_retry_after_s
+        self.metrics = metrics
+        self.cache = LRUCache(settings.dry_run_cache_size)
+        self.pool = WorkerPool(
+            job=worker.run_job,
+            warm_up=worker.warm_up,
+            size=settings.dry_run_workers,
+            queue_limit=settings.dry_run_queue,
+            timeout_s=settings.dry_run_timeout_s,
+            preload=worker.PRELOAD,
+        )
+        metrics.track_pool(lambda: self.pool.queue_depth, lambda: self.pool.busy)
+
+    @property
+    def ready(self) -> bool:
+        return self.pool.ready
+
+    async def start(self) -> None:
+        """Warm up the workers and, in a thread, this process's config validation."""
+        await run_in_threadpool(load_model_config, worker.WARM_UP_MODEL, limits=self.limits)
+        await self.pool.start()
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    async def run(self, request: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+        """The report for a dry-run request and whether it came from the cache.
+
+        ``request`` holds `ckpt_core.dry_run`'s arguments: model, tier,
+        gpu_memory_gb, gpu, transformers_version, measure.
+        """
+        kwargs = {**request, "limits": self.limits}
+        key = await self._validated_key(kwargs)
+        cached = self.cache.get(key)
+        self.metrics.cache.labels("hit" if cached is not None else "miss").inc()
+        if cached is not None:
+            return cached, True
+        report = await self._run_in_pool(kwargs)
+        self.cache.put(key, report)
+        return report, False
+
+    async def _validated_key(self, kwargs: Mapping[str, Any]) -> Hashable:
+        """Validate every input without building anything; return the cache key."""
+        plan = make_plan(
+            kwargs["tier"],
+            kwargs.get("gpu_memory_gb"),
+            gpu=kwargs.get("gpu"),
+            transformers_version=kwargs.get("transformers_version"),
+        )
+        shape = _measure_shape(kwargs.get("measure"))
+        measured = (
+            tuple(getattr(shape, f.name) for f in fields(shape) if f.name in MEASURE_FIELDS)
+            if shape is not None
+            else None
+        )
+        # Validation imports a model family's config code on its first use: a thread.
+        config = await run_in_threadpool(load_model_config, kwargs["model"], limits=self.limits)
+        return (
+            config.key,
+            plan.tier,
+            plan.granularity,
+            plan.gpu_memory_gb,
+            measured,
+            plan.transformers_version,
+            *_LIBRARY_VERSIONS,
+        )
+
+    async def _run_in_pool(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        started = time.perf_counter()
+        try:
+            result = await self.pool.run(kwargs)
+        except PoolBusyError as exc:
+            raise DryRunBusyError(
+                f"{exc}; retry in {self.retry_after_s} s",
+                headers={"Retry-After": str(self.retry_after_s)},
+            ) from None
+        except JobTimeoutError as exc:
+            self._observe("timeout", started)
+            raise DryRunTimeoutError(f"{exc}; the service is unaffected") from None
+        except WorkerCrashedError as exc:
+            self._observe("crashed", started)
+            raise DryRunCrashedError(f"{exc}; it is being replaced, retry") from None
+        self._observe("ok" if "report" in result else next(iter(result)), started)
+        return _unwrap(result)
+
+    def _observe(self, outcome: str, started: float) -> None:
+        self.metrics.dry_runs.labels(outcome).observe(time.perf_counter() - started)
+
+
+def _unwrap(result: dict[str, Any]) -> dict[str, Any]:
+    """The report from `worker.run_job`'s answer, or the error it carries."""
+    if "report" in result:
+        return result["report"]
+    if "error" in result:
+        error = result["error"]
+        assert isinstance(error, CkptError)
+        raise error
+    if "unavailable" in result:
+        raise DryRunUnavailableError(result["unavailable"])
+    log.error("dry run failed in the worker: %s\n%s", result["failed"], result["traceback"])
+    raise DryRunFailedError(f"the dry run failed: {result['failed']}")

@@ -1,0 +1,182 @@
+"""Every error the service answers, as ``{"error": code, "detail": message, "field": path}``.
+
+Status codes, one rule each:
+
+- 400: the body is not acceptable JSON (syntax, NaN / Infinity, numbers out of range,
+  duplicate keys);
+- 413: the body is larger than ``CKPT_MAX_BODY_BYTES``;
+- 415: a body that is not ``application/json``;
+- 422: valid JSON (or query) whose values are wrong: request-schema errors and
+  every ckpt_core `CkptError` that is a `ValueError` (unknown tier, bad GPU
+  memory, unknown preset, config over the bounds, ...);
+- 409: a ckpt_core error about state, not values (`CheckpointConflictError`);
+- 429 (+ ``Retry-After``): the dry-run pool and its queue are full;
+- 501: the dry run asked for a feature this build lacks;
+- 503: a dry-run worker died mid-run (it is replaced; retry);
+- 504: a dry run hit its time limit (its worker was killed and replaced);
+- 500: a bug in the service, never input (logged with a traceback).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ckpt_core._errors import CkptError
+
+log = logging.getLogger(__name__)
+
+_LOCATIONS = frozenset({"body", "query", "path", "header", "cookie"})
+
+
+class ServiceError(Exception):
+    """An error of the transport layer (not of ckpt_core) with its HTTP status."""
+
+    status = 400
+    code = "bad_request"
+
+    def __init__(
+        self, message: str, *, field: str | None = None, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.headers = headers
+
+
+class MalformedJSONError(ServiceError):
+    """The body is not JSON the service accepts."""
+
+    status = 400
+    code = "malformed_json"
+
+
+class UnsupportedMediaTypeError(ServiceError):
+    """A request body that is not ``application/json``."""
+
+    status = 415
+    code = "unsupported_media_type"
+
+
+class BodyTooLargeError(ServiceError):
+    """A body over the size limit."""
+
+    status = 413
+    code = "body_too_large"
+
+
+class DryRunBusyError(ServiceError):
+    """Every dry-run worker is busy and the queue is full."""
+
+    status = 429
+    code = "dry_run_busy"
+
+
+class DryRunTimeoutError(ServiceError):
+    """A dry run exceeded its time limit."""
+
+    status = 504
+    code = "dry_run_timeout"
+
+
+class DryRunCrashedError(ServiceError):
+    """The worker process died during the dry run."""
+
+    status = 503
+    code = "dry_run_worker_crashed"
+
+
+class DryRunFailedError(ServiceError):
+    """Building or hooking the model failed in a way ckpt_core did not classify.
+
+    The input is a config transformers accepted; the build itself raised.  The
+    worker logs the traceback; the caller gets the exception's type and text.
+    """
+
+    status = 422
+    code = "dry_run_failed"
+
+
+class DryRunUnavailableError(ServiceError):
+    """The dry run needs a feature this build does not have (e.g. measurement)."""
+
+    status = 501
+    code = "not_implemented"
+
+
+def error_body(code: str, detail: str, field: str | None) -> dict[str, Any]:
+    """The one error shape every non-2xx answer has."""
+    return {"error": code, "detail": detail, "field": field}
+
+
+def error_response(
+    status: int,
+    code: str,
+    detail: str,
+    field: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    return JSONResponse(error_body(code, detail, field), status_code=status, headers=headers)
+
+
+def ckpt_status(exc: CkptError) -> int:
+    """422 for bad values (every ValueError subclass), 409 for bad state."""
+    return 422 if isinstance(exc, ValueError) else 409
+
+
+def field_path(loc: Sequence[int | str]) -> str | None:
+    """``("body", "model", "config", "layers", 0)`` -> ``"model.config.layers[0]"``."""
+    parts = list(loc)
+    if parts and parts[0] in _LOCATIONS:
+        location = parts.pop(0)
+        if not parts:
+            return str(location)
+    path = ""
+    for part in parts:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path or None
+
+
+async def _ckpt_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, CkptError)
+    return error_response(ckpt_status(exc), exc.code, exc.message, exc.field)
+
+
+async def _service_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ServiceError)
+    return error_response(exc.status, exc.code, exc.message, exc.field, exc.headers)
+
+
+async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = list(exc.errors())
+    messages = [f"{field_path(e['loc']) or 'request'}: {e['msg']}" for e in errors[:5]]
+    if len(errors) > 5:
+        messages.append(f"... and {len(errors) - 5} more")
+    field = field_path(errors[0]["loc"]) if errors else None
+    return error_response(422, "invalid_request", "; ".join(messages), field)
+
+
+async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    codes = {404: "not_found", 405: "method_not_allowed"}
+    return error_response(
+        exc.status_code,
+        codes.get(exc.status_code, "http_error"),
+        str(exc.detail),
+        headers=dict(exc.headers or {}),
+    )
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Map every expected exception to the error shape (the 500 path is in the middleware)."""
+    app.add_exception_handler(CkptError, _ckpt_error)
+    app.add_exception_handler(ServiceError, _service_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)

@@ -1,0 +1,142 @@
+"""Strict JSON request bodies: the content type, and JSON that is really JSON.
+
+Python's `json` accepts ``NaN`` / ``Infinity`` and turns ``1e999`` into
+``inf``; FastAPI accepts any body when the content type is missing.  Routes
+of `StrictJSONRoute` instead require ``application/json`` (or ``+json``) and
+parse with `strict_loads`, which rejects non-finite numbers, integers beyond
+64 bits and duplicate keys, naming the field where it can.
+"""
+
+from __future__ import annotations
+
+import email.message
+import json
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi import Request, Response
+from fastapi.routing import APIRoute
+
+from service.errors import MalformedJSONError, UnsupportedMediaTypeError
+
+INT64_MAX = (1 << 63) - 1
+_MAX_INT_DIGITS = len(str(INT64_MAX))
+
+
+class _Rejected:
+    """Placeholder for a number JSON cannot carry; `strict_loads` reports its path."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+
+def _parse_constant(name: str) -> _Rejected:
+    return _Rejected(f"{name} is not valid JSON; send a finite number or null")
+
+
+def _parse_float(text: str) -> float | _Rejected:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        return _Rejected(f"{text} is beyond the range of a 64-bit float")
+    return value
+
+
+def _parse_int(text: str) -> int | _Rejected:
+    # Checked on the text first: int() of a 100k-digit string is slow.
+    if len(text.lstrip("-")) > _MAX_INT_DIGITS or abs(int(text)) > INT64_MAX:
+        return _Rejected(f"{text[:24]}{'...' if len(text) > 24 else ''} is beyond 64-bit range")
+    return int(text)
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object; a repeated key is ambiguous (which one wins?), so an error."""
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise MalformedJSONError(f"duplicate key {key!r} in a JSON object", field=key)
+        result[key] = value
+    return result
+
+
+def strict_loads(body: bytes) -> Any:
+    """Parse a request body as strict JSON or raise `MalformedJSONError`."""
+    try:
+        value = json.loads(
+            body,
+            parse_constant=_parse_constant,
+            parse_float=_parse_float,
+            parse_int=_parse_int,
+            object_pairs_hook=_object,
+        )
+    except json.JSONDecodeError as exc:
+        raise MalformedJSONError(
+            f"body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from None
+    except UnicodeDecodeError:
+        raise MalformedJSONError("body is not UTF-8 encoded JSON") from None
+    except RecursionError:
+        raise MalformedJSONError("body is nested too deeply") from None
+    _reject_placeholders(value)
+    return value
+
+
+def _reject_placeholders(value: Any) -> None:
+    """Raise for the first `_Rejected` number, with its path (iterative: no recursion)."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, _Rejected):
+            raise MalformedJSONError(item.why, field=path or None)
+        if isinstance(item, dict):
+            stack.extend((f"{path}.{k}" if path else k, v) for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in enumerate(item))
+
+
+def is_json_media_type(content_type: str | None) -> bool:
+    """``application/json`` or ``application/*+json``, parameters (charset) allowed."""
+    if not content_type:
+        return False
+    message = email.message.Message()
+    message["content-type"] = content_type
+    subtype = message.get_content_subtype()
+    return message.get_content_maintype() == "application" and (
+        subtype == "json" or subtype.endswith("+json")
+    )
+
+
+class _ParsedRequest(Request):
+    """A request whose body was already read and parsed by `StrictJSONRoute`."""
+
+    def __init__(self, request: Request, body: bytes, parsed: Any) -> None:
+        super().__init__(request.scope, request.receive)
+        self._parsed_body = body
+        self._parsed_json = parsed
+
+    async def body(self) -> bytes:
+        return self._parsed_body
+
+    async def json(self) -> Any:
+        return self._parsed_json
+
+
+class StrictJSONRoute(APIRoute):
+    """An `APIRoute` whose JSON body is checked by content type and parsed strictly."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        if self.body_field is None:
+            return handler
+
+        async def strict_handler(request: Request) -> Response:
+            body = await request.body()
+            if not body:  # FastAPI answers "body: Field required"
+                return await handler(request)
+            content_type = request.headers.get("content-type")
+            if not is_json_media_type(content_type):
+                raise UnsupportedMediaTypeError(
+                    f"send the body as application/json, not {content_type or 'no content type'}"
+                )
+            return await handler(_ParsedRequest(request, body, strict_loads(body)))
+
+        return strict_handler

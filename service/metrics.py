@@ -1,0 +1,71 @@
+"""Prometheus metrics, one registry per app (several apps in one process never collide)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+# Request latency buckets (s): /resolve answers in well under a millisecond,
+# dry runs in tenths of a second to seconds.
+_HTTP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+_DRY_RUN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class Metrics:
+    """The service's metrics; labels use route templates (``/dry-run``), never raw paths."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        labels = ("method", "route", "status")
+        self.requests = Counter(
+            "ckpt_http_requests", "HTTP requests answered.", labels, registry=self.registry
+        )
+        self.latency = Histogram(
+            "ckpt_http_request_duration_seconds",
+            "Time from request start to the end of the response body.",
+            labels,
+            buckets=_HTTP_BUCKETS,
+            registry=self.registry,
+        )
+        self.dry_runs = Histogram(
+            "ckpt_dry_run_duration_seconds",
+            "Dry runs in the worker pool (cache hits excluded), by outcome.",
+            ("outcome",),
+            buckets=_DRY_RUN_BUCKETS,
+            registry=self.registry,
+        )
+        self.cache = Counter(
+            "ckpt_dry_run_cache",
+            "Dry-run report cache lookups.",
+            ("result",),
+            registry=self.registry,
+        )
+        self.queue_depth = Gauge(
+            "ckpt_dry_run_queue_depth",
+            "Dry runs waiting for a free worker.",
+            registry=self.registry,
+        )
+        self.busy_workers = Gauge(
+            "ckpt_dry_run_workers_busy", "Dry-run workers running a job.", registry=self.registry
+        )
+
+    def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        self.requests.labels(method, route, str(status)).inc()
+        self.latency.labels(method, route, str(status)).observe(seconds)
+
+    def track_pool(self, queue_depth: Callable[[], float], busy: Callable[[], float]) -> None:
+        """Read the pool's gauges at scrape time (always current, no bookkeeping)."""
+        self.queue_depth.set_function(queue_depth)
+        self.busy_workers.set_function(busy)
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition text and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

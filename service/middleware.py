@@ -1,0 +1,180 @@
+"""Pure ASGI middlewares: request context (id, access log, metrics, 500 net) and body limit.
+
+Pure ASGI rather than Starlette's ``BaseHTTPMiddleware``: no extra task per
+request, the body can be inspected before the app sees it, and nothing
+buffers the response.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Final
+
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.routing import BaseRoute, Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.errors import BodyTooLargeError, ServiceError, error_response
+from service.logs import request_id_var
+from service.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+REQUEST_ID_HEADER: Final = "X-Request-ID"
+# A caller's id is echoed only when it is short and plain (it goes into logs).
+_VALID_REQUEST_ID: Final = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
+# Probes and scrapes: logged at debug, not info, so they do not drown real traffic.
+_QUIET_ROUTES: Final = frozenset({"/healthz", "/readyz", "/metrics"})
+UNMATCHED_ROUTE: Final = "<unmatched>"
+
+
+class RequestContextMiddleware:
+    """Request id in and out, one JSON access-log line, metrics, and the 500 safety net.
+
+    An exception no handler claimed is a bug: it is logged with its traceback
+    and answered as a JSON 500 naming the request id (never a stack trace).
+    """
+
+    def __init__(self, app: ASGIApp, metrics: Metrics, routes: Sequence[BaseRoute]) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.routes = routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = _request_id(Headers(scope=scope).get(REQUEST_ID_HEADER))
+        token = request_id_var.set(request_id)
+        start = time.perf_counter()
+        status = 500
+        started = False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status, started
+            if message["type"] == "http.response.start":
+                started = True
+                status = message["status"]
+                MutableHeaders(scope=message)[REQUEST_ID_HEADER] = request_id
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception:
+            log.exception("unhandled error in %s %s", scope["method"], scope["path"])
+            if started:
+                raise  # the server aborts the half-sent response
+            response = error_response(
+                500, "internal_error", f"internal error (request id {request_id}); it was logged"
+            )
+            await response(scope, receive, send_with_id)
+        finally:
+            self._record(scope, status, time.perf_counter() - start)
+            request_id_var.reset(token)
+
+    def _record(self, scope: Scope, status: int, seconds: float) -> None:
+        route = _route_template(scope, self.routes)
+        self.metrics.observe_request(scope["method"], route, status, seconds)
+        level = logging.DEBUG if route in _QUIET_ROUTES and status < 400 else logging.INFO
+        log.log(
+            level,
+            "%s %s %s",
+            scope["method"],
+            scope["path"],
+            status,
+            extra={
+                "method": scope["method"],
+                "path": scope["path"],
+                "route": route,
+                "status": status,
+                "duration_ms": round(seconds * 1000, 3),
+            },
+        )
+
+
+def _route_template(scope: Scope, routes: Sequence[BaseRoute]) -> str:
+    """The matched route's path template; answers sent before routing (413) look it up."""
+    route = scope.get("route")
+    if route is None:
+        route = next((r for r in routes if r.matches(scope)[0] is Match.FULL), None)
+    return getattr(route, "path", None) or UNMATCHED_ROUTE
+
+
+def _request_id(given: str | None) -> str:
+    if given is not None and _VALID_REQUEST_ID.match(given):
+        return given
+    return uuid.uuid4().hex
+
+
+class BodyLimitMiddleware:
+    """Reject bodies over `max_bytes` with 413: early from Content-Length, else while reading.
+
+    The body is read here (at most `max_bytes`, counting every chunk of a
+    chunked upload) and replayed to the app, so an oversized upload is refused
+    before any parsing, whatever its framing.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            self._check_declared_length(Headers(scope=scope).get("content-length"))
+            body = await self._read_body(receive)
+        except ServiceError as exc:
+            response = error_response(exc.status, exc.code, exc.message, exc.field)
+            await response(scope, receive, send)
+            return
+        if body is None:  # the client went away
+            return
+        await self.app(scope, _replay(body, receive), send)
+
+    def _too_large(self, size: str) -> BodyTooLargeError:
+        return BodyTooLargeError(
+            f"request body of {size} bytes is over the limit of {self.max_bytes} bytes"
+        )
+
+    def _check_declared_length(self, value: str | None) -> None:
+        if value is None:
+            return
+        if not value.strip().isdigit():
+            raise ServiceError(f"Content-Length {value!r} is not a byte count")
+        if int(value) > self.max_bytes:
+            raise self._too_large(value.strip())
+
+    async def _read_body(self, receive: Receive) -> bytes | None:
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                raise self._too_large(f"more than {self.max_bytes}")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A `receive` that yields the buffered body once, then defers to the server."""
+    pending = True
+
+    async def replay() -> Message:
+        nonlocal pending
+        if pending:
+            pending = False
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay

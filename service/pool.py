@@ -1,0 +1,257 @@
+"""A small pool of pre-warmed worker processes with a queue limit and a time limit.
+
+Why not `concurrent.futures.ProcessPoolExecutor`: it cannot kill one runaway
+job.  Here every worker is one process with its own pipe; a job that overruns
+its time limit gets its worker SIGKILLed and replaced, so a config that makes
+a build spin never hangs the service, and the other workers keep serving.
+
+Why processes at all: building a model on the meta device is pure Python and
+holds the GIL for up to seconds; in a thread it would stall the event loop that
+answers ``/resolve``.
+
+Workers are forked from a forkserver that has already imported the preload
+modules (torch, transformers), so a replacement starts in milliseconds instead
+of re-importing for seconds.  Each worker runs `warm_up` once and reports ready
+before it takes jobs.  Only the asyncio event loop calls into the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import signal
+from collections.abc import Callable, Coroutine, Sequence
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# Seconds a worker may take to start and warm up before it counts as broken.
+WARM_UP_TIMEOUT_S = 120.0
+
+
+class PoolBusyError(Exception):
+    """Every worker is busy and the queue is full: the caller should retry later."""
+
+
+class JobTimeoutError(Exception):
+    """A job ran past the time limit; its worker was killed and is being replaced."""
+
+
+class WorkerCrashedError(Exception):
+    """A worker died while running a job (killed, out of memory, segfault)."""
+
+
+class WorkerPool:
+    """Run `job(payload)` in one of `size` worker processes; see the module docstring.
+
+    `job` and `warm_up` must be module-level functions (they are pickled by
+    name).  At most `queue_limit` callers wait for a free worker; the next
+    one gets `PoolBusyError`.  `timeout_s` bounds one job's run time.
+    """
+
+    def __init__(
+        self,
+        *,
+        job: Callable[[Any], Any],
+        warm_up: Callable[[], None],
+        size: int,
+        queue_limit: int,
+        timeout_s: float,
+        preload: Sequence[str] = (),
+    ) -> None:
+        self._job = job
+        self._warm_up = warm_up
+        self.size = size
+        self.queue_limit = queue_limit
+        self.timeout_s = timeout_s
+        self._context = multiprocessing.get_context("forkserver")
+        # The forkserver is shared by the whole process: setting the same list
+        # twice (several apps in one test session) is harmless.
+        self._context.set_forkserver_preload(list(preload))
+        self._idle: asyncio.Queue[_Worker] = asyncio.Queue()
+        self._workers: set[_Worker] = set()  # warm workers, idle or busy
+        self._background: set[asyncio.Task[None]] = set()
+        self._waiting = 0
+        self._closed = False
+        self.ready = False
+
+    @property
+    def queue_depth(self) -> int:
+        """Callers waiting for a free worker."""
+        return self._waiting
+
+    @property
+    def busy(self) -> int:
+        """Workers running a job right now."""
+        return len(self._workers) - self._idle.qsize()
+
+    async def start(self) -> None:
+        """Start and warm up every worker; `ready` turns true when all are warm."""
+        await asyncio.gather(*(self._add_worker() for _ in range(self.size)))
+        self.ready = not self._closed
+
+    async def run(self, payload: Any) -> Any:
+        """Run one job; raise `PoolBusyError`, `JobTimeoutError` or `WorkerCrashedError`."""
+        if self._closed:
+            raise WorkerCrashedError("the worker pool is shut down")
+        worker = await self._take_worker()
+        try:
+            worker.conn.send(payload)
+            result = await _receive(worker.conn, self.timeout_s)
+        except TimeoutError:
+            self._replace(worker, reason="time limit")
+            raise JobTimeoutError(
+                f"the dry run took longer than {self.timeout_s:g} s and was stopped"
+            ) from None
+        except (EOFError, OSError) as exc:
+            self._replace(worker, reason=f"crashed: {exc!r}")
+            raise WorkerCrashedError("the dry-run worker died while running the job") from exc
+        except BaseException:
+            # Cancelled while the job runs: its answer would reach the next
+            # caller, so the worker cannot go back to the idle queue.
+            self._replace(worker, reason="cancelled")
+            raise
+        self._idle.put_nowait(worker)
+        return result
+
+    async def _take_worker(self) -> _Worker:
+        """An idle worker now, or after waiting in the bounded queue."""
+        try:
+            return self._idle.get_nowait()
+        except asyncio.QueueEmpty:
+            pass
+        if self._waiting >= self.queue_limit:
+            raise PoolBusyError(
+                f"all {self.size} dry-run workers are busy and {self._waiting} requests are queued"
+            )
+        self._waiting += 1
+        try:
+            # Waiting is bounded too: with every worker stuck or restarting,
+            # a caller hears "busy" instead of hanging.
+            return await asyncio.wait_for(self._idle.get(), self.timeout_s)
+        except TimeoutError:
+            raise PoolBusyError(
+                f"no dry-run worker became free within {self.timeout_s:g} s"
+            ) from None
+        finally:
+            self._waiting -= 1
+
+    async def close(self) -> None:
+        """Stop every worker (SIGKILL: jobs are read-only, nothing to flush)."""
+        self._closed = True
+        self.ready = False
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        await asyncio.gather(*(asyncio.to_thread(w.kill) for w in list(self._workers)))
+        self._workers.clear()
+
+    def _replace(self, worker: _Worker, *, reason: str) -> None:
+        """Kill `worker` and start a fresh one in the background."""
+        log.warning("replacing dry-run worker pid %s: %s", worker.process.pid, reason)
+        self._workers.discard(worker)
+        self._in_background(asyncio.to_thread(worker.kill))
+        if not self._closed:
+            self._in_background(self._add_worker())
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` as a task the pool keeps (for `close`) and whose failure is logged."""
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("dry-run worker restart failed", exc_info=task.exception())
+
+    async def _add_worker(self) -> None:
+        """Fork one worker, wait for its warm-up, then make it available."""
+        parent_conn, child_conn = self._context.Pipe()
+        process = self._context.Process(
+            target=_serve,
+            args=(child_conn, self._job, self._warm_up),
+            name="ckpt-dry-run",
+            daemon=True,
+        )
+        # The first start launches the forkserver, which imports the preload
+        # modules before it answers: seconds, so not on the event loop.
+        await asyncio.to_thread(process.start)
+        child_conn.close()
+        worker = _Worker(process, parent_conn)
+        try:
+            status = await _receive(parent_conn, WARM_UP_TIMEOUT_S)
+        except BaseException:
+            await asyncio.to_thread(worker.kill)
+            raise
+        if status != "ready" or self._closed:
+            await asyncio.to_thread(worker.kill)
+            if status != "ready":
+                raise RuntimeError(f"dry-run worker failed to warm up: {status}")
+            return
+        log.info("dry-run worker pid %s ready", process.pid)
+        self._workers.add(worker)
+        self._idle.put_nowait(worker)
+
+
+class _Worker:
+    """One worker process and the parent's end of its pipe."""
+
+    def __init__(self, process: BaseProcess, conn: Connection) -> None:
+        self.process = process
+        self.conn = conn
+
+    def kill(self) -> None:
+        """SIGKILL the process, reap it, close the pipe (blocking: call in a thread)."""
+        with contextlib.suppress(OSError, ValueError):
+            self.process.kill()
+        self.process.join(timeout=10)
+        self.conn.close()
+
+
+async def _receive(conn: Connection, timeout_s: float) -> Any:
+    """Wait (without blocking the loop) until `conn` is readable, then read one message.
+
+    EOF (the worker died) also makes the pipe readable; `recv` then raises
+    `EOFError`.
+    """
+    loop = asyncio.get_running_loop()
+    readable: asyncio.Future[None] = loop.create_future()
+
+    def on_readable() -> None:
+        if not readable.done():
+            readable.set_result(None)
+
+    fd = conn.fileno()
+    loop.add_reader(fd, on_readable)
+    try:
+        await asyncio.wait_for(readable, timeout_s)
+    finally:
+        loop.remove_reader(fd)
+    return conn.recv()
+
+
+def _serve(conn: Connection, job: Callable[[Any], Any], warm_up: Callable[[], None]) -> None:
+    """Worker main loop: warm up, say ready, then answer jobs until the pipe closes.
+
+    `job` must not raise (it returns its errors as data); anything that still
+    escapes ends the worker, which the parent sees as a crash.
+    """
+    # Ctrl-C in a terminal reaches the whole process group: the parent decides.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        warm_up()
+    except Exception as exc:
+        conn.send(f"{type(exc).__name__}: {exc}")
+        return
+    conn.send("ready")
+    while True:
+        try:
+            payload = conn.recv()
+        except EOFError:
+            return
+        conn.send(job(payload))

@@ -1,0 +1,1 @@
+"""Routers, one per concern: plans, dry runs, presets, operations."""

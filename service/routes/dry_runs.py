@@ -1,0 +1,32 @@
+"""``POST /dry-run``: build on meta in the worker pool, cached."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+
+from service.dry_runs import DryRunner
+from service.jsonbody import StrictJSONRoute
+from service.schemas import DryRunRequest, DryRunResponse, error_responses
+
+router = APIRouter(route_class=StrictJSONRoute, tags=["dry runs"])
+
+CACHE_HEADER = "X-Cache"
+_STRING = {"type": "string"}
+
+
+@router.post(
+    "/dry-run",
+    response_model=DryRunResponse,
+    responses={
+        200: {"headers": {CACHE_HEADER: {"description": "hit or miss", "schema": _STRING}}},
+        **error_responses(400, 413, 415, 422, 429, 501, 503, 504),
+    },
+    summary="Build a model on the meta device and report what the tier checkpoints",
+)
+async def dry_run(body: DryRunRequest, request: Request, response: Response) -> Any:
+    runner: DryRunner = request.app.state.dry_runner
+    report, cached = await runner.run(body.as_kwargs())
+    response.headers[CACHE_HEADER] = "hit" if cached else "miss"
+    return report

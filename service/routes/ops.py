@@ -1,0 +1,34 @@
+"""Probes and metrics, kept out of the OpenAPI document."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from service.errors import error_response
+from service.metrics import Metrics
+
+router = APIRouter(include_in_schema=False)
+
+
+@router.get("/healthz")
+async def healthz() -> JSONResponse:
+    """The process answers (liveness)."""
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/readyz")
+async def readyz(request: Request) -> JSONResponse:
+    """200 once warm-up is done (torch and transformers imported, a tiny dry run run)."""
+    runner = getattr(request.app.state, "dry_runner", None)
+    if runner is None or not runner.ready:
+        return error_response(503, "not_ready", "warming up: dry-run workers are starting")
+    return JSONResponse({"status": "ready"})
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    """Prometheus exposition text."""
+    registry: Metrics = request.app.state.metrics
+    body, content_type = registry.render()
+    return Response(body, media_type=content_type)
