@@ -131,16 +131,13 @@ def _measure_shape(measure: Mapping[str, Any] | None) -> Workload | None:
 
 
 def _measure(model: nn.Module, granularity: Granularity | None, shape: Workload) -> dict[str, Any]:
-    """Activation bytes of ``model`` for ``shape``, by the meta-device measurement."""
-    try:
-        from ckpt_core._measure import measure_activation_bytes
-    except ModuleNotFoundError as exc:
-        if exc.name != "ckpt_core._measure":
-            raise
-        raise NotImplementedError(
-            "activation measurement is not available in this build (ckpt_core._measure "
-            "is missing); run the dry run without measure"
-        ) from exc
+    """Activation bytes of ``model`` for ``shape``, by the meta-device measurement.
+
+    The model already carries the hooks of ``granularity``; the measurement
+    uses them as they are.
+    """
+    from ckpt_core._measure import measure_activation_bytes
+
     requested = {f.name: getattr(shape, f.name) for f in fields(shape) if f.name in MEASURE_FIELDS}
     activation_bytes = measure_activation_bytes(model, granularity, **requested)
     return {"activation_bytes": int(activation_bytes), **requested}

@@ -1,0 +1,239 @@
+"""Dry run on meta: per-tier reports on dense, MoE, encoder-decoder and VLM presets; errors."""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+import pytest
+
+from ckpt_core import (
+    ConfigTooLargeError,
+    InvalidTierError,
+    InvalidWorkloadError,
+    ModelConfigError,
+    UnknownPresetError,
+)
+from ckpt_core._dry_run import DryRunReport, dry_run
+from ckpt_core._models import ConfigLimits, build_meta_model, count_parameters, load_model_config
+from ckpt_core._presets import list_presets, load_preset
+
+# A dense decoder, an MoE, an encoder-decoder and a vision + language model.
+PRESETS = ("llama-3.2-1b", "qwen3-30b-a3b", "t5-base", "gemma-3-4b")
+ATTENTION_NAMES = ("self_attn", "layer.0", "layer.1", "attention")
+
+
+def expected_blocks(config: dict[str, Any]) -> int:
+    """Transformer blocks a config declares: every stack, text and vision."""
+    if "text_config" in config:
+        return sum(expected_blocks(config[key]) for key in ("text_config", "vision_config"))
+    if config.get("is_encoder_decoder"):
+        return config["num_layers"] + config.get("num_decoder_layers", config["num_layers"])
+    return config["num_hidden_layers"]
+
+
+@functools.cache
+def report(preset: str, tier: str, **kwargs: Any) -> DryRunReport:
+    return dry_run({"preset": preset}, tier, **kwargs)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_off_hooks_nothing_but_counts_the_blocks(preset: str) -> None:
+    off = report(preset, "off")
+    assert (off.granularity, off.hooked, off.modules, off.native) == (None, 0, (), False)
+    assert off.blocks == expected_blocks(load_preset(preset))
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_full_covers_every_block_natively(preset: str) -> None:
+    full = report(preset, "full")
+    assert full.granularity == "full"
+    assert full.blocks == full.hooked == len(full.modules) == expected_blocks(load_preset(preset))
+    assert len(set(full.modules)) == full.hooked
+    assert full.native  # the installed transformers checkpoints every block itself
+    assert not any("experts" in name for name in full.modules)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_medium_covers_every_other_block(preset: str) -> None:
+    full, medium = report(preset, "full"), report(preset, "medium")
+    assert medium.granularity == "medium"
+    # HF's every_n_layers=2 counts all stacks with one counter: blocks 0, 2, 4, ...
+    assert medium.modules == full.modules[::2]
+    assert medium.hooked == (full.blocks + 1) // 2
+    assert medium.native
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_selective_covers_the_attention_of_every_block(preset: str) -> None:
+    full, selective = report(preset, "full"), report(preset, "selective")
+    assert selective.granularity == "selective"
+    assert not selective.native  # HF off, the worker installs the hooks
+    blocks = {name: block for name in selective.modules for block in full.modules
+              if name.startswith(block + ".")}  # fmt: skip
+    assert set(blocks) == set(selective.modules)  # every hooked module lies in a block
+    assert set(blocks.values()) == set(full.modules)  # and every block has one
+    for name in selective.modules:
+        assert name.endswith(ATTENTION_NAMES), name
+        assert not any(part in name for part in ("proj", "norm", "experts")), name
+
+
+def test_encoder_decoder_selective_hooks_self_and_cross_attention() -> None:
+    t5 = report("t5-base", "selective")
+    decoder = [name for name in t5.modules if name.startswith("decoder.")]
+    encoder = [name for name in t5.modules if name.startswith("encoder.")]
+    config = load_preset("t5-base")
+    assert len(encoder) == config["num_layers"]
+    assert len(decoder) == 2 * config.get("num_decoder_layers", config["num_layers"])
+
+
+def test_vlm_reports_both_stacks() -> None:
+    full = report("gemma-3-4b", "full")
+    config = load_preset("gemma-3-4b")
+    vision = [name for name in full.modules if "vision_tower" in name]
+    assert len(vision) == config["vision_config"]["num_hidden_layers"]
+    assert full.hooked - len(vision) == config["text_config"]["num_hidden_layers"]
+
+
+def test_medium_needs_hooks_on_transformers_without_every_n_layers() -> None:
+    old = dry_run({"preset": "llama-3.2-1b"}, "medium", transformers_version="5.15.0")
+    assert not old.native
+    assert old.modules == report("llama-3.2-1b", "medium").modules
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_report_counts_the_built_model(preset: str) -> None:
+    built = build_meta_model(load_model_config({"preset": preset}))
+    full = report(preset, "full")
+    assert full.parameters == count_parameters(built)
+    assert full.architecture == type(built).__name__
+    assert full.model_type == load_preset(preset)["model_type"]
+
+
+@pytest.mark.parametrize(
+    ("memory", "granularity"), [(16, "full"), (40, "medium"), (141, "selective")]
+)
+def test_auto_resolves_by_gpu_memory(memory: float, granularity: str) -> None:
+    auto = dry_run({"preset": "llama-3.2-1b"}, "auto", memory)
+    assert (auto.tier, auto.granularity) == ("auto", granularity)
+    assert auto.modules == report("llama-3.2-1b", granularity).modules
+
+
+def test_auto_resolves_by_gpu_name() -> None:
+    assert dry_run({"preset": "gpt2"}, "auto", gpu="A100-80GB").granularity == "medium"
+
+
+def test_a_70b_preset_dry_runs() -> None:
+    info = next(info for info in list_presets() if info.name == "llama-3.1-70b")
+    full = dry_run({"preset": info.name}, "full")
+    assert full.hooked == full.blocks == load_preset(info.name)["num_hidden_layers"]
+    assert abs(full.parameters - info.published_parameters) / info.published_parameters < 0.03
+
+
+def test_inline_config_dry_runs() -> None:
+    config = {**load_preset("llama-3.2-1b"), "num_hidden_layers": 3}
+    full = dry_run({"config": config}, True)
+    assert (full.tier, full.blocks, full.hooked) == ("full", 3, 3)
+
+
+def test_report_is_json() -> None:
+    data = report("t5-base", "selective").to_dict()
+    assert json.loads(json.dumps(data)) == data
+    assert isinstance(data["modules"], list)
+    assert data["hooked"] == len(data["modules"])
+    assert data["elapsed_ms"] > 0
+    assert data["measured"] is None
+
+
+# --- errors ------------------------------------------------------------------
+
+
+GPT2 = {"model_type": "gpt2"}
+
+
+@pytest.mark.parametrize(
+    ("model", "error", "field"),
+    [
+        ({"preset": "gpt-5"}, UnknownPresetError, "model.preset"),
+        ({"config": {"model_type": "gpt5"}}, ModelConfigError, "model.config.model_type"),
+        ({"config": {**GPT2, "auto_map": {}}}, ModelConfigError, "model.config.auto_map"),
+        ({"config": {**GPT2, "n_layer": 10_000}}, ConfigTooLargeError, "model.config.n_layer"),
+        ({"model": "gpt2"}, ModelConfigError, "model"),
+    ],
+)
+def test_bad_models_raise_the_matching_error(model: dict, error: type, field: str) -> None:
+    with pytest.raises(error) as caught:
+        dry_run(model, "full")
+    assert caught.value.field == field
+
+
+def test_limits_apply() -> None:
+    with pytest.raises(ConfigTooLargeError) as caught:
+        dry_run({"preset": "llama-3.1-70b"}, "full", limits=ConfigLimits(max_parameters=10**10))
+    assert caught.value.field == "model.preset"
+
+
+def test_bad_tier_fails_before_the_model_is_loaded(monkeypatch) -> None:
+    import ckpt_core._dry_run as module
+
+    def no_load(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("model loaded for an invalid tier")
+
+    monkeypatch.setattr(module, "load_model_config", no_load)
+    with pytest.raises(InvalidTierError):
+        dry_run({"preset": "gpt2"}, "fulll")
+
+
+@pytest.mark.parametrize(
+    ("measure", "field"),
+    [
+        ([128], "measure"),
+        ({}, "measure.seq_len"),
+        ({"seq_len": 0}, "measure.seq_len"),
+        ({"seq_len": "128"}, "measure.seq_len"),
+        ({"seq_len": 128, "micro_batch_size": 0}, "measure.micro_batch_size"),
+        ({"seq_len": 128, "dtype": "int4"}, "measure.dtype"),
+        ({"seq_len": 128, "attention": "flash"}, "measure.attention"),
+        ({"seq_len": 128, "method": "lora"}, "measure.method"),
+    ],
+)
+def test_bad_measure_names_the_field(measure: object, field: str) -> None:
+    with pytest.raises(InvalidWorkloadError) as caught:
+        dry_run({"preset": "gpt2"}, "full", measure=measure)
+    assert caught.value.field == field
+
+
+# --- measurement -------------------------------------------------------------
+
+
+def test_measure_passes_the_shape_and_the_hooked_model(monkeypatch) -> None:
+    import ckpt_core._measure as measure_module
+
+    seen: dict[str, Any] = {}
+
+    def fake_measure(model: Any, granularity: str | None, **shape: Any) -> int:
+        from ckpt_core._hooks import is_hooked
+
+        seen.update(shape, granularity=granularity)
+        seen["hooked"] = sum(is_hooked(module) for module in model.modules())
+        seen["device"] = next(model.parameters()).device.type
+        return 4242
+
+    monkeypatch.setattr(measure_module, "measure_activation_bytes", fake_measure)
+    shape = {"seq_len": 64, "micro_batch_size": 2, "attention": "eager"}
+    selective = dry_run({"preset": "llama-3.2-1b"}, "selective", measure=shape)
+    assert selective.measured == {**shape, "dtype": "bf16", "activation_bytes": 4242}
+    assert seen["granularity"] == "selective"
+    assert seen["hooked"] == selective.hooked
+    assert seen["device"] == "meta"
+    assert (seen["seq_len"], seen["micro_batch_size"], seen["attention"]) == (64, 2, "eager")
+
+
+def test_measured_full_keeps_less_than_off() -> None:
+    shape = {"seq_len": 64}
+    off = dry_run({"preset": "llama-3.2-1b"}, "off", measure=shape).measured
+    full = dry_run({"preset": "llama-3.2-1b"}, "full", measure=shape).measured
+    assert off is not None and full is not None
+    assert 0 < full["activation_bytes"] < off["activation_bytes"]
+    assert (full["seq_len"], full["micro_batch_size"]) == (64, 1)
