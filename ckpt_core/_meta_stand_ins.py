@@ -1,0 +1,179 @@
+"""Meta-device stand-ins that make a meta forward keep what a GPU forward keeps.
+
+Used by `ckpt_core._measure` for meta tensors only; real tensors always take
+the real path, so concurrent real runs are unaffected:
+
+- ``scaled_dot_product_attention`` on meta would take the math path and keep
+  the s x s scores.  The stand-in keeps what the fused kernels keep: q, k, v,
+  the output and the fp32 log-sum-exp, plus the additive mask when one is
+  passed (the memory-efficient kernel keeps its bias; torch first converts a
+  boolean mask into a new float mask).  Flash keeps no mask and no bias.
+- dropout on CPU / meta keeps a mask in the activation dtype; CUDA's fused
+  dropout keeps a 1-byte bool mask: ``torch.native_dropout`` stands in.
+- grouped_mm (MoE experts) on meta accepts only bf16: other dtypes use
+  transformers' own fallback operator, which keeps the same tensors.
+- transformers' packed-sequence detection ends in ``(...).all()``, a
+  data-dependent branch impossible on meta: it is skipped for meta inputs.
+
+Importing this module loads no torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any, Final
+
+# Registered once in transformers' AttentionInterface: the fused stand-in for
+# models that route attention through the interface and ask for flash.
+FLASH_STAND_IN: Final = "ckpt_core_meta_flash"
+
+_PATCH_LOCK: Final = threading.Lock()
+_patch_users = 0
+
+
+@contextlib.contextmanager
+def no_packed_sequence_detection() -> Iterator[None]:
+    """Skip transformers' packed-sequence detection for meta position ids.
+
+    ``find_packed_sequence_indices`` ends in ``(...).all()`` (a data-dependent
+    branch); on meta there is no data.  The replacement delegates for real
+    tensors, so concurrent real runs are unaffected; it is installed while at
+    least one measurement runs.
+    """
+    global _patch_users  # noqa: PLW0603 - one process-wide patch, reference counted
+    from transformers import masking_utils
+
+    with _PATCH_LOCK:
+        if _patch_users == 0:
+            original = masking_utils.find_packed_sequence_indices
+
+            def find_packed_sequence_indices(position_ids: Any) -> Any:
+                if position_ids.is_meta:
+                    return None  # one sequence per row: what the measurement feeds
+                return original(position_ids)
+
+            find_packed_sequence_indices.__wrapped__ = original  # type: ignore[attr-defined]
+            masking_utils.find_packed_sequence_indices = find_packed_sequence_indices
+        _patch_users += 1
+    try:
+        yield
+    finally:
+        with _PATCH_LOCK:
+            _patch_users -= 1
+            if _patch_users == 0:
+                patched = masking_utils.find_packed_sequence_indices
+                masking_utils.find_packed_sequence_indices = patched.__wrapped__
+
+
+def _fused_attention_class() -> type:
+    """An autograd Function that keeps what a fused attention kernel keeps."""
+    import torch
+
+    class FusedAttention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, query: Any, key: Any, value: Any, bias: Any) -> Any:
+            batch, heads, length, _ = query.shape
+            # Fused kernels write (batch, seq, heads, dim) and return a transposed
+            # view, so HF's later transpose(1, 2).contiguous() copies nothing.
+            out = query.new_empty(batch, length, heads, value.shape[-1]).transpose(1, 2)
+            log_sum_exp = query.new_empty(batch, heads, length, dtype=torch.float32)
+            kept = (query, key, value, out, log_sum_exp)
+            ctx.save_for_backward(*kept, *(() if bias is None else (bias,)))
+            return out
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            query, key, value = ctx.saved_tensors[:3]
+            grads = (torch.empty_like(query), torch.empty_like(key), torch.empty_like(value))
+            return (*grads, None)
+
+    return FusedAttention
+
+
+def _sdpa_stand_in(flash: bool) -> Any:
+    """A replacement for ``F.scaled_dot_product_attention`` on meta tensors."""
+    import torch
+
+    fused = _fused_attention_class()
+
+    def sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, *_: Any, **__: Any) -> Any:
+        # dropout_p, is_causal, scale, enable_gqa change nothing that is kept:
+        # fused kernels keep only RNG seeds for dropout.
+        bias = None
+        if attn_mask is not None and not flash:
+            bias = attn_mask
+            if attn_mask.dtype == torch.bool:  # torch turns it into a new additive mask
+                bias = torch.zeros(attn_mask.shape, dtype=query.dtype, device=query.device)
+        return fused.apply(query, key, value, bias)
+
+    return sdpa
+
+
+@contextlib.contextmanager
+def meta_kernels(*, flash: bool) -> Iterator[None]:
+    """Within this thread: fused attention and CUDA-style dropout for meta tensors."""
+    import torch
+    import torch.nn.functional as F  # noqa: N812
+    from torch.overrides import TorchFunctionMode
+
+    sdpa = _sdpa_stand_in(flash)
+    grouped_mm = {getattr(F, "grouped_mm", None), getattr(torch, "_grouped_mm", None)} - {None}
+
+    class MetaKernels(TorchFunctionMode):
+        def __torch_function__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            kwargs = kwargs or {}
+            if func is F.scaled_dot_product_attention and args[0].is_meta:
+                return sdpa(*args, **kwargs)
+            if func is F.dropout and args[0].is_meta:
+                return _dropout(*args, **kwargs)
+            if func in grouped_mm and _needs_fallback(args[0]):
+                return _grouped_mm_fallback(*args, **kwargs)
+            return func(*args, **kwargs)
+
+    with MetaKernels():
+        yield
+
+
+def _needs_fallback(tensor: Any) -> bool:
+    """grouped_mm on meta accepts only bf16, like the CUDA kernel it models."""
+    import torch
+
+    return tensor.is_meta and tensor.dtype != torch.bfloat16
+
+
+def _grouped_mm_fallback(mat_a: Any, mat_b: Any, *_: Any, offs: Any = None, **__: Any) -> Any:
+    """transformers' own fallback for other dtypes: it keeps the same (input, weight)."""
+    import torch
+
+    return torch.ops.transformers.grouped_mm_fallback(mat_a, mat_b, offs=offs)
+
+
+def _dropout(tensor: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
+    """CUDA's fused dropout: the backward keeps a bool mask, not one in the activation dtype."""
+    import torch
+
+    del inplace  # an in-place dropout saves the same mask
+    if not training or p == 0:
+        return tensor
+    return torch.native_dropout(tensor, p, True)[0]
+
+
+def register_flash_stand_in() -> None:
+    """Register the fused stand-in under `FLASH_STAND_IN` in transformers (once)."""
+    from transformers import AttentionInterface
+
+    if FLASH_STAND_IN in AttentionInterface._global_mapping:
+        return
+    fused = _fused_attention_class()
+
+    def flash_stand_in(
+        module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any
+    ) -> tuple[Any, None]:
+        del module, attention_mask, kwargs  # causal flag only: no mask, no bias kept
+        return fused.apply(query, key, value, None).transpose(1, 2), None
+
+    AttentionInterface.register(FLASH_STAND_IN, flash_stand_in)
