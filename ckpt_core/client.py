@@ -12,7 +12,8 @@ Rules:
   honoured (a wait longer than ``max_wait`` ends the retries at once instead of
   retrying too early).
 - 4xx answers are the caller's mistake: they raise the matching ckpt_core
-  error class (`InvalidTierError`, `UnknownGpuError`, ...) and never fall back.
+  error class (`InvalidTierError`, `UnknownGpuError`, ...) and never fall back;
+  501 (a dry-run feature the service lacks) raises `NotImplementedError`.
 - The worker's transformers version decides which TrainingArguments names are
   valid on the worker, so the client sends it (the installed one) when the
   caller does not; the fallback uses the same version, so its answer equals
@@ -266,7 +267,7 @@ class CkptClient:
             except httpx.TransportError as exc:  # connect / read errors and timeouts
                 reason = f"{type(exc).__name__}: {exc}"
             else:
-                if response.status_code < 500 and response.status_code != 429:
+                if not _retryable(response.status_code):
                     return response
                 reason = f"HTTP {response.status_code} from {method} {path}"
                 retry_after = retry_after_seconds(response.headers.get("Retry-After"))
@@ -318,8 +319,13 @@ def _check_settings(
         raise ValueError("timeout must be > 0 seconds: 0 would never wait for an answer")
 
 
+def _retryable(status: int) -> bool:
+    """5xx and 429 may pass; 501 (a feature this service lacks) will not."""
+    return status == 429 or (status >= 500 and status != 501)
+
+
 def _raise_client_error(response: httpx.Response) -> None:
-    """Turn a 4xx into the ckpt_core error class its ``error`` code names."""
+    """Turn a 4xx into the ckpt_core error class its ``error`` code names (501: NotImplemented)."""
     if response.status_code < 400:
         return
     try:
@@ -330,6 +336,8 @@ def _raise_client_error(response: httpx.Response) -> None:
         body = {}
     detail = str(body.get("detail") or response.text or f"HTTP {response.status_code}")
     field = body.get("field") if isinstance(body.get("field"), str) else None
+    if response.status_code == 501:
+        raise NotImplementedError(detail)
     cls = _error_classes().get(str(body.get("error")))
     if cls is None or cls is CkptError:
         raise ServiceRequestError(detail, field=field, status=response.status_code)
