@@ -79,9 +79,7 @@ def dry_run(
     plan = make_plan(tier, gpu_memory_gb, gpu=gpu, transformers_version=transformers_version)
     shape = _measure_shape(measure)
     cfg = load_model_config(model, limits=limits)
-    built = build_meta_model(
-        cfg, attention=shape.attention if shape else None, limits=limits or ConfigLimits()
-    )
+    built = build_meta_model(cfg, attention=shape.attention if shape else None, limits=limits)
     blocks, modules = _cover(built, plan.granularity)
     measured = _measure(built, plan.granularity, shape) if shape else None
     return DryRunReport(
