@@ -373,3 +373,24 @@ def test_merged_kwargs_override_trl_default_on(tier: str, hf_on: bool, tmp_path:
     config = SFTConfig(**merged)
     assert config.activation_checkpointing is hf_on
     assert config.gradient_checkpointing is hf_on
+
+
+def test_example_finetune_tiny_runs_every_tier_with_the_same_losses() -> None:
+    import os
+    import subprocess
+    import sys
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "finetune_tiny.py"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, str(example), "--steps", "2"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    for tier in ("full", "medium", "selective"):
+        assert f"{tier} vs off: same losses" in done.stdout
+    assert "model.layers.0.self_attn" in done.stdout  # the selective hooks are listed
