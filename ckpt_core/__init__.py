@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from ckpt_core._dry_run import DryRunReport, dry_run
 from ckpt_core._errors import (
     CheckpointConflictError,
     CkptError,
@@ -24,7 +25,9 @@ from ckpt_core._errors import (
     UnsupportedTransformersVersionError,
 )
 from ckpt_core._gpus import GPUS, GpuSpec, lookup_gpu
+from ckpt_core._models import ConfigLimits, ModelConfig, build_meta_model, load_model_config
 from ckpt_core._plan import Plan, make_plan
+from ckpt_core._presets import PresetInfo, list_presets, load_preset
 from ckpt_core._seed_api import describe_tier, resolve_gradient_checkpointing, resolve_granularity
 from ckpt_core._tiers import (
     AUTO_FULL_THRESHOLD_GB,
@@ -36,6 +39,7 @@ from ckpt_core._tiers import (
     TierLike,
     parse_tier,
 )
+from ckpt_core._workload import Workload
 
 # Public names whose modules import torch: loaded on first attribute access.
 _LAZY: dict[str, str] = {
@@ -54,7 +58,9 @@ __all__ = [
     "TIERS",
     "CheckpointConflictError",
     "CkptError",
+    "ConfigLimits",
     "ConfigTooLargeError",
+    "DryRunReport",
     "GpuSpec",
     "Granularity",
     "HookReport",
@@ -62,17 +68,25 @@ __all__ = [
     "InvalidGranularityError",
     "InvalidTierError",
     "InvalidWorkloadError",
+    "ModelConfig",
     "ModelConfigError",
     "Plan",
+    "PresetInfo",
     "Tier",
     "TierLike",
     "UnknownGpuError",
     "UnknownPresetError",
     "UnsupportedTransformersVersionError",
+    "Workload",
+    "build_meta_model",
     "describe_tier",
+    "dry_run",
     "install_checkpoint_hooks",
     "install_selective_hooks",
     "is_hf_checkpointing_enabled",
+    "list_presets",
+    "load_model_config",
+    "load_preset",
     "lookup_gpu",
     "make_plan",
     "parse_tier",
