@@ -28,6 +28,7 @@ from ckpt_core._errors import CkptError, ModelConfigError, UnknownGpuError
 from ckpt_core._gpus import lookup_gpu
 from ckpt_core._plan import Plan, make_plan
 from ckpt_core._seed_api import describe_tier
+from ckpt_core._tiers import parse_tier
 from ckpt_core.client import ServiceUnavailableError, local_plan
 
 EXIT_BAD_INPUT = 2
@@ -205,7 +206,7 @@ def _cmd_describe(args: argparse.Namespace) -> None:
         text = _ask_service(args, lambda c: c.describe(args.tier, args.gpu_memory_gb, gpu=args.gpu))
     else:
         text = describe_tier(args.tier, args.gpu_memory_gb, gpu=args.gpu)
-    _emit(args, {"tier": args.tier, "description": text}, text)
+    _emit(args, {"tier": parse_tier(args.tier), "description": text}, text)
 
 
 def _cmd_dry_run(args: argparse.Namespace) -> None:
@@ -331,7 +332,8 @@ def _plan_text(plan: Plan) -> str:
     kwargs = plan.training_arguments
     rows += [("TrainingArguments", f"{k}={json.dumps(v)}") for k, v in kwargs.items()]
     if plan.gpu_memory_gb is not None:
-        rows.append(("gpu memory", f"{plan.gpu_memory_gb:g} GiB" + _gpu_suffix(plan.gpu)))
+        gpu = f" ({plan.gpu})" if plan.gpu else ""
+        rows.append(("gpu memory", f"{plan.gpu_memory_gb:g} GiB{gpu}"))
     rows += [
         ("transformers", plan.transformers_version),
         ("description", plan.description),
@@ -359,10 +361,6 @@ def _report_text(report: Mapping[str, Any]) -> str:
     if report["modules"]:
         text += "\n\nmodules:\n" + "\n".join(f"  {name}" for name in report["modules"])
     return text
-
-
-def _gpu_suffix(gpu: str | None) -> str:
-    return f" ({gpu})" if gpu else ""
 
 
 def _table(rows: Sequence[tuple[str, str]]) -> str:

@@ -160,6 +160,47 @@ def test_presets_lists_every_bundled_preset() -> None:
     assert len(table.stdout.strip().splitlines()) == len(listed) + 1  # header + one per preset
 
 
+def test_dry_run_json_is_the_report(tmp_path: Path) -> None:
+    from ckpt_core._dry_run import dry_run
+    from tests._tiny_models import tiny_config
+
+    config = json.loads(tiny_config("t5").to_json_string())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    report = ckpt_json("dry-run", "--model", str(path), "--tier", "selective")
+    expected = dry_run({"config": config}, "selective").to_dict()
+    assert report.pop("elapsed_ms") >= 0
+    del expected["elapsed_ms"]
+    assert report == expected
+
+
+def test_dry_run_table_shows_modules_and_measurement(tmp_path: Path) -> None:
+    from tests._tiny_models import tiny_config
+
+    path = tmp_path / "config.json"
+    path.write_text(tiny_config("llama").to_json_string())
+    args = ("--model", str(path), "--tier", "medium", "--seq-len", "16", "--dtype", "fp32")
+    result = ckpt("dry-run", *args)
+    assert result.returncode == 0, result.stderr
+    assert "activation_bytes=" in result.stdout
+    modules = result.stdout.split("modules:")[1].split()
+    assert modules == ["model.layers.0", "model.layers.2"]  # every other block, from 0
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--model", "no-such-preset", "--tier", "full"], "no-such-preset"),
+        (["--model", "gpt2", "--tier", "fulll"], "fulll"),
+        (["--model", "gpt2", "--tier", "full", "--seq-len", "0"], "seq_len"),
+        (["--model", "gpt2", "--tier", "full", "--dtype", "fp8", "--seq-len", "8"], "dtype"),
+        (["--tier", "full"], "--model"),
+    ],
+)
+def test_dry_run_bad_input_exits_2(args: list[str], needle: str) -> None:
+    assert_bad_input(ckpt("dry-run", *args), needle)
+
+
 def test_detect_reports_what_torch_sees() -> None:
     import torch
 
