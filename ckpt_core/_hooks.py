@@ -37,13 +37,12 @@ from typing import TYPE_CHECKING, Any
 
 from ckpt_core._blocks import Blocks, every_nth_block, find_attention, find_blocks
 from ckpt_core._errors import CheckpointConflictError, InvalidGranularityError
+from ckpt_core._tiers import GRANULARITIES
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from torch import nn
-
-GRANULARITIES: tuple[str, ...] = ("full", "medium", "selective")
 
 # A forward that was already an instance attribute before we hooked (e.g.
 # accelerate's device-placement hook) is kept here and called as the original.
@@ -88,7 +87,9 @@ def _original_forward(module: nn.Module) -> Callable[..., Any]:
     return type(module).forward.__get__(module, type(module))
 
 
+@functools.cache
 def _cache_class() -> type | None:
+    """``transformers.Cache`` (looked up once: this runs on every hooked forward)."""
     try:
         from transformers import Cache
     except ImportError:  # no transformers: there is no HF cache to protect
@@ -98,7 +99,7 @@ def _cache_class() -> type | None:
 
 def _call_rebuilt(
     forward: Callable[..., Any],
-    leaves: list[Any],
+    template: list[Any],
     tensor_positions: list[int],
     spec: Any,
     *tensors: Any,
@@ -106,7 +107,7 @@ def _call_rebuilt(
     """Put ``tensors`` back where they came from and call ``forward`` (runs inside the region)."""
     from torch.utils import _pytree as pytree
 
-    rebuilt = list(leaves)
+    rebuilt = list(template)
     for position, tensor in zip(tensor_positions, tensors, strict=True):
         rebuilt[position] = tensor
     args, kwargs = pytree.tree_unflatten(rebuilt, spec)
@@ -127,12 +128,13 @@ def _run_checkpointed(forward: Callable[..., Any], args: tuple, kwargs: dict) ->
     if kwargs.get("use_cache"):
         kwargs = {**kwargs, "use_cache": False}
     leaves, spec = pytree.tree_flatten((args, kwargs), is_leaf=is_cache)
-    leaves = [None if is_cache(leaf) else leaf for leaf in leaves]
     positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
-    function = functools.partial(_call_rebuilt, forward, leaves, positions, spec)
-    return torch_checkpoint.checkpoint(
-        function, *(leaves[i] for i in positions), use_reentrant=False
-    )
+    tensors = [leaves[i] for i in positions]
+    # The template holds neither the tensors (checkpoint owns those) nor the cache.
+    slots = set(positions)
+    template = [None if is_cache(leaf) or i in slots else leaf for i, leaf in enumerate(leaves)]
+    function = functools.partial(_call_rebuilt, forward, template, positions, spec)
+    return torch_checkpoint.checkpoint(function, *tensors, use_reentrant=False)
 
 
 def _checkpointed_forward(module: nn.Module, /, *args: Any, **kwargs: Any) -> Any:

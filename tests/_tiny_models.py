@@ -3,7 +3,7 @@
 Nothing here touches the network or the Hub: every model is built with
 ``ModelClass(config)`` from a hand-written config, so tests run offline, on CPU,
 in milliseconds.  Sizes are the smallest that still exercise the interesting
-structure of each architecture: GQA, MoE experts, sliding windows, encoder +
+structure of each architecture: GQA, MoE routing, sliding windows, encoder +
 decoder stacks, cross-attention, a vision tower.
 
 Public helpers:
@@ -13,6 +13,10 @@ Public helpers:
 - ``tiny_model(arch, **overrides)`` - a model in training mode, seeded.
 - ``tiny_batch(arch, config)`` - a right-padded batch with an attention mask and
   labels (``-100`` on padding), so HF computes the loss itself.
+- ``loss_and_grads(model, batch)`` - one seeded forward + backward, for comparing
+  two runs (dropout draws the same masks in both).
+
+Every model is built with 3 layers per stack by default (``DEFAULT_LAYERS``).
 
 Overrides that are not config fields:
 
