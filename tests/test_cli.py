@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -212,6 +213,32 @@ def test_detect_reports_what_torch_sees() -> None:
     assert len(data["gpus"]) == torch.cuda.device_count()
     for gpu in data["gpus"]:
         assert gpu["auto"] == make_plan("auto", gpu["memory_gib"]).granularity
+
+
+def test_detect_on_gpus_matches_the_table_and_picks_auto(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The GPU branch, with torch.cuda answering as on a 2-GPU machine (CI has no GPU)."""
+    import torch
+
+    from ckpt_core.cli import detect_gpus, main
+
+    cards = [("NVIDIA H100 80GB HBM3", 85_045_870_592), ("Acme Turbo 9000", 25 * 2**30)]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(cards))
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda i: SimpleNamespace(name=cards[i][0], total_memory=cards[i][1]),
+    )
+    gpus, _ = detect_gpus()
+    assert [g["gpu_table"] for g in gpus] == ["H100-80GB", None]
+    for gpu, (_, total) in zip(gpus, cards, strict=True):
+        assert gpu["memory_gib"] == pytest.approx(total / 2**30, abs=1e-3)
+        assert gpu["auto"] == make_plan("auto", total / 2**30).granularity
+    assert main(["detect"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert len(table) == 3 and "(not listed)" in table[2] and "H100-80GB" in table[1]
 
 
 def test_service_unreachable_falls_back_to_the_local_answer() -> None:

@@ -151,6 +151,10 @@ class CheckpointPlanCallback(TrainerCallback):
     `merge_training_arguments`), installs the planned hooks and logs them; at
     train end it removes the hooks it installed.  ``report`` holds the last
     install's `HookReport` (``None`` when the plan needs no hooks).
+
+    The Trainer skips ``on_train_end`` when training raises; a worker that
+    keeps using the model after a failed run calls
+    ``remove_hooks(model, callback.report)`` itself.
     """
 
     def __init__(self, plan: Plan) -> None:
