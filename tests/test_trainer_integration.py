@@ -299,6 +299,25 @@ def test_callback_refuses_args_that_contradict_the_plan(out_dir: Path) -> None:
     assert trainer.state.global_step == 0
 
 
+def test_callback_removes_only_the_hooks_it_installed(out_dir: Path) -> None:
+    """Hooks the worker put on before training are the worker's: they stay."""
+    model = tiny_model("llama", dropout=0.0)
+    ours = apply_plan(model, make_plan("selective"))
+    assert ours is not None and ours.count == 3
+    callback = CheckpointPlanCallback(make_plan("selective"))
+    merged, _ = merge_training_arguments(user_kwargs(out_dir), callback.plan)
+    trainer = Trainer(
+        model=model,
+        args=TrainingArguments(**merged),
+        train_dataset=_Rows("llama", model.config),
+        callbacks=[callback],
+    )
+    trainer.train()
+    assert callback.report is not None
+    assert (callback.report.count, callback.report.already_installed, callback.removed) == (0, 3, 0)
+    assert sum(is_hooked(m) for m in model.modules()) == 3
+
+
 def test_apply_plan_hooks_only_what_the_plan_asks() -> None:
     model = tiny_model("llama")
     assert apply_plan(model, make_plan("full")) is None  # HF's own checkpointing does it
