@@ -1,0 +1,140 @@
+"""The building blocks of the closed-form activation model: a ledger of kept storages.
+
+Autograd keeps tensors, and memory is spent per STORAGE: a view kept by two
+ops costs once; a dtype cast, a transpose + ``contiguous()`` or a dropout makes
+a new storage.  The closed form therefore writes down, per op of a forward
+pass, which storage its backward keeps, under a name: the same name means the
+same storage, so aliasing (fp32 ``.to(float32)`` returning its input, ``q``,
+``k``, ``v`` being views of one fused projection) is counted exactly once.
+
+A `Ledger` holds name -> bytes for one scope (a block); `Step` carries the run
+shape and what is trainable.  The op helpers below (norms, linears,
+activations, dropout) are shared by every family in `ckpt_core._activations`.
+
+Pure arithmetic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+GLOBAL = "g:"  # names shared by every block (cos / sin, masks, ids): counted once per model
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One training forward: batch, sequence, dtype bytes and what requires grad.
+
+    ``trainable_weights``: every weight is trained (full fine-tune).
+    ``adapted``: whether the linear named so carries a LoRA adapter of rank
+    ``lora_rank`` (its input is kept for the adapter even when the base
+    weight is frozen).
+    """
+
+    batch: int
+    seq: int
+    dtype_bytes: int
+    attention: str  # fused | flash | eager (what transformers runs)
+    trainable_weights: bool = True
+    lora_rank: int = 0
+    adapted: Callable[[str], bool] = field(default=lambda name: False)
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq
+
+
+class Ledger:
+    """Storages one scope keeps: name -> bytes (the first size recorded wins)."""
+
+    __slots__ = ("sizes",)
+
+    def __init__(self) -> None:
+        self.sizes: dict[str, int] = {}
+
+    def keep(self, name: str, nbytes: int) -> None:
+        if nbytes > 0:
+            self.sizes.setdefault(name, nbytes)
+
+    def local_bytes(self) -> int:
+        return sum(size for name, size in self.sizes.items() if not name.startswith(GLOBAL))
+
+    def globals(self) -> dict[str, int]:
+        return {name: size for name, size in self.sizes.items() if name.startswith(GLOBAL)}
+
+
+def norm(led: Ledger, step: Step, x: str, tag: str, *, kind: str, rows: int, width: int) -> str:
+    """A normalization of ``rows`` vectors of ``width`` in storage ``x``; returns the output.
+
+    What each implementation's backward keeps (bf16 / fp16 runs; in fp32 the
+    upcast is the input itself):
+
+    - ``rms`` (Llama): fp32 input, rstd, the normalized value cast back to the
+      dtype (for the weight's gradient);
+    - ``rms_gemma``: fp32 input, rstd, fp32 normalized value and ``1 + w``;
+    - ``rms_olmo``: fp32 input, rstd, fp32 normalized value;
+    - ``t5``: fp32 input for the variance, the input itself, rstd, the
+      normalized value in the dtype;
+    - ``layer`` (``nn.LayerNorm``): the input, mean and rstd.
+    """
+    e, n = step.dtype_bytes, rows * width
+    upcast = x if e == 4 else f"{tag}.x32"
+    trained = step.trainable_weights
+    if kind == "layer":
+        led.keep(x, e * n)
+        led.keep(f"{tag}.mean", 4 * rows)
+        led.keep(f"{tag}.rstd", 4 * rows)
+        return f"{tag}.out"
+    led.keep(upcast, 4 * n)
+    led.keep(f"{tag}.rstd", 4 * rows)
+    if kind == "rms":
+        if trained:
+            led.keep(f"{tag}.normed", e * n)
+    elif kind in ("rms_gemma", "rms_olmo"):
+        if trained:
+            led.keep(f"{tag}.normed32", 4 * n)
+        if kind == "rms_gemma":
+            led.keep(f"{tag}.one_plus_w", 4 * width)
+    elif kind == "t5":
+        led.keep(x, e * n)
+        if trained:
+            led.keep(f"{tag}.normed", e * n)
+    return f"{tag}.out"
+
+
+def linear(led: Ledger, step: Step, x: str, fan_in: int, name: str, *, rows: int = 0) -> None:
+    """A linear layer keeps its input for the weight's gradient (or its LoRA adapter's)."""
+    rows = rows or step.tokens
+    adapted = step.adapted(name)
+    if step.trainable_weights or adapted:
+        led.keep(x, step.dtype_bytes * rows * fan_in)
+    if adapted:
+        led.keep(f"{name}.lora", step.dtype_bytes * rows * step.lora_rank)
+
+
+def activation(led: Ledger, step: Step, x: str, *, tag: str, kind: str, elements: int) -> str:
+    """An activation function on storage ``x``; returns its output's name.
+
+    silu / gelu keep the input; relu keeps its output; transformers'
+    ``gelu_new`` is written out in Python and keeps the input, the tanh, half
+    the input and ``1 + tanh``.
+    """
+    e = step.dtype_bytes
+    out = f"{tag}.out"
+    if kind == "relu":
+        led.keep(out, e * elements)
+        return out
+    led.keep(x, e * elements)
+    if kind == "gelu_new":
+        for part in ("tanh", "half", "one_plus"):
+            led.keep(f"{tag}.{part}", e * elements)
+    return out
+
+
+def dropout(led: Ledger, step: Step, x: str, *, tag: str, p: float, elements: int) -> str:
+    """Training dropout keeps a 1-byte mask (CUDA's fused kernel); p = 0 is the identity."""
+    if p <= 0:
+        return x
+    led.keep(f"{tag}.mask", elements)
+    return f"{tag}.out"
