@@ -79,7 +79,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Added last = outermost: the request id and the metrics see every answer,
     # the 413s of the body limit included.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
-    app.add_middleware(RequestContextMiddleware, metrics=metrics, routes=app.routes)
+    app.add_middleware(RequestContextMiddleware, metrics=metrics)
     for module in (plans, dry_runs, presets, ops):
         app.include_router(module.router)
     return app

@@ -9,6 +9,7 @@ tier, granularity, GPU memory, measurement shape and the library versions.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Hashable, Mapping
@@ -74,8 +75,10 @@ class DryRunner:
 
     async def start(self) -> None:
         """Warm up the workers and, in a thread, this process's config validation."""
-        await run_in_threadpool(load_model_config, worker.WARM_UP_MODEL, limits=self.limits)
-        await self.pool.start()
+        await asyncio.gather(
+            run_in_threadpool(load_model_config, worker.WARM_UP_MODEL, limits=self.limits),
+            self.pool.start(),
+        )
 
     async def close(self) -> None:
         await self.pool.close()

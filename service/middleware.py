@@ -11,11 +11,9 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Sequence
 from typing import Final
 
 from starlette.datastructures import Headers, MutableHeaders
-from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import BodyTooLargeError, ServiceError, error_response
@@ -29,6 +27,8 @@ REQUEST_ID_HEADER: Final = "X-Request-ID"
 _VALID_REQUEST_ID: Final = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
 # Probes and scrapes: logged at debug, not info, so they do not drown real traffic.
 _QUIET_ROUTES: Final = frozenset({"/healthz", "/readyz", "/metrics"})
+# The route label of answers given before or without routing (404, 413): the
+# raw path would make the label set unbounded.
 UNMATCHED_ROUTE: Final = "<unmatched>"
 
 
@@ -39,10 +39,9 @@ class RequestContextMiddleware:
     and answered as a JSON 500 naming the request id (never a stack trace).
     """
 
-    def __init__(self, app: ASGIApp, metrics: Metrics, routes: Sequence[BaseRoute]) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
         self.metrics = metrics
-        self.routes = routes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -77,7 +76,7 @@ class RequestContextMiddleware:
             request_id_var.reset(token)
 
     def _record(self, scope: Scope, status: int, seconds: float) -> None:
-        route = _route_template(scope, self.routes)
+        route = getattr(scope.get("route"), "path", None) or UNMATCHED_ROUTE
         self.metrics.observe_request(scope["method"], route, status, seconds)
         level = logging.DEBUG if route in _QUIET_ROUTES and status < 400 else logging.INFO
         log.log(
@@ -94,14 +93,6 @@ class RequestContextMiddleware:
                 "duration_ms": round(seconds * 1000, 3),
             },
         )
-
-
-def _route_template(scope: Scope, routes: Sequence[BaseRoute]) -> str:
-    """The matched route's path template; answers sent before routing (413) look it up."""
-    route = scope.get("route")
-    if route is None:
-        route = next((r for r in routes if r.matches(scope)[0] is Match.FULL), None)
-    return getattr(route, "path", None) or UNMATCHED_ROUTE
 
 
 def _request_id(given: str | None) -> str:

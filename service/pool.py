@@ -78,6 +78,7 @@ class WorkerPool:
         self._waiting = 0
         self._closed = False
         self.ready = False
+        self.last_start_error: str | None = None
 
     @property
     def queue_depth(self) -> int:
@@ -91,7 +92,7 @@ class WorkerPool:
 
     async def start(self) -> None:
         """Start and warm up every worker; `ready` turns true when all are warm."""
-        await asyncio.gather(*(self._add_worker() for _ in range(self.size)))
+        await asyncio.gather(*(self._add_worker_until_started() for _ in range(self.size)))
         self.ready = not self._closed
 
     async def run(self, payload: Any) -> Any:
@@ -156,7 +157,7 @@ class WorkerPool:
         self._workers.discard(worker)
         self._in_background(asyncio.to_thread(worker.kill))
         if not self._closed:
-            self._in_background(self._add_worker())
+            self._in_background(self._add_worker_until_started())
 
     def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
         """Run `work` as a task the pool keeps (for `close`) and whose failure is logged."""
@@ -167,7 +168,27 @@ class WorkerPool:
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._background.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            log.error("dry-run worker restart failed", exc_info=task.exception())
+            log.error("dry-run pool background task failed", exc_info=task.exception())
+
+    async def _add_worker_until_started(self) -> None:
+        """`_add_worker`, retried with backoff (1 s doubling to 30 s) until the pool closes.
+
+        A worker that cannot start (its forkserver died, warm-up raised) is
+        retried rather than leaving the pool short for good; `last_start_error`
+        tells /readyz why it is not ready meanwhile.
+        """
+        delay = 1.0
+        while not self._closed:
+            try:
+                await self._add_worker()
+            except Exception as exc:
+                self.last_start_error = f"{type(exc).__name__}: {exc}"
+                log.exception("dry-run worker failed to start; retrying in %g s", delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+            else:
+                self.last_start_error = None
+                return
 
     async def _add_worker(self) -> None:
         """Fork one worker, wait for its warm-up, then make it available."""

@@ -22,7 +22,9 @@ async def readyz(request: Request) -> JSONResponse:
     """200 once warm-up is done (torch and transformers imported, a tiny dry run run)."""
     runner = getattr(request.app.state, "dry_runner", None)
     if runner is None or not runner.ready:
-        return error_response(503, "not_ready", "warming up: dry-run workers are starting")
+        why = runner.pool.last_start_error if runner is not None else None
+        detail = f"dry-run workers failing to start: {why}" if why else "warming up"
+        return error_response(503, "not_ready", detail)
     return JSONResponse({"status": "ready"})
 
 

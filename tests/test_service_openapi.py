@@ -1,0 +1,71 @@
+"""The committed OpenAPI document: in step with the app, valid, documented."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from openapi_spec_validator import validate
+
+REPO = Path(__file__).resolve().parents[1]
+COMMITTED = REPO / "openapi" / "openapi.json"
+
+
+def _generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "gen_openapi", REPO / "scripts" / "gen_openapi.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def document() -> dict[str, Any]:
+    return json.loads(COMMITTED.read_text("utf-8"))
+
+
+def test_committed_document_matches_the_app() -> None:
+    assert COMMITTED.read_text("utf-8") == _generator().render(), (
+        "openapi/openapi.json is out of date: run .venv/bin/python scripts/gen_openapi.py"
+    )
+
+
+def test_document_is_a_valid_openapi_document(document: dict[str, Any]) -> None:
+    validate(document)
+
+
+def test_every_endpoint_and_only_those_are_documented(document: dict[str, Any]) -> None:
+    operations = {(path, method) for path, item in document["paths"].items() for method in item}
+    assert operations == {
+        ("/resolve", "post"),
+        ("/describe", "get"),
+        ("/dry-run", "post"),
+        ("/presets", "get"),
+    }
+
+
+def test_every_request_schema_has_examples(document: dict[str, Any]) -> None:
+    schemas = document["components"]["schemas"]
+    for name in ("ResolveRequest", "DryRunRequest", "ModelSpec"):
+        assert schemas[name].get("examples"), name
+    parameters = document["paths"]["/describe"]["get"]["parameters"]
+    assert parameters and all(parameter["schema"].get("examples") for parameter in parameters)
+
+
+def test_every_operation_documents_its_answer_and_its_errors(document: dict[str, Any]) -> None:
+    for path, item in document["paths"].items():
+        for method, operation in item.items():
+            ok = operation["responses"]["200"]["content"]["application/json"]["schema"]
+            assert ok.get("$ref", "").startswith("#/components/schemas/"), (path, method)
+            for status, response in operation["responses"].items():
+                if status.startswith(("4", "5")):
+                    schema = response["content"]["application/json"]["schema"]
+                    assert schema == {"$ref": "#/components/schemas/ErrorResponse"}, (path, status)
+    assert "429" in document["paths"]["/dry-run"]["post"]["responses"]
+    assert "504" in document["paths"]["/dry-run"]["post"]["responses"]

@@ -1,0 +1,151 @@
+"""Service building blocks without a server: strict JSON, negotiation, cache, settings, schemas."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from ckpt_core._dry_run import DryRunReport
+from ckpt_core._models import ConfigLimits
+from ckpt_core._plan import Plan
+from ckpt_core._presets import PresetInfo
+from service.cache import LRUCache
+from service.errors import MalformedJSONError, field_path
+from service.jsonbody import is_json_media_type, strict_loads
+from service.negotiation import prefers_text
+from service.schemas import DryRunResponse, PlanResponse, PresetSummary
+from service.settings import Settings
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        (b'{"a": NaN}', "a"),
+        (b'{"a": [1, {"b": -Infinity}]}', "a[1].b"),
+        (b'{"a": {"b": 1e400}}', "a.b"),
+        (b'{"n": -99999999999999999999}', "n"),
+        (b'{"n": ' + b"9" * 5000 + b"}", "n"),
+        (b'{"k": 1, "k": 2}', "k"),
+        (b"[1, 2", None),
+    ],
+)
+def test_strict_loads_rejects_what_json_cannot_carry(raw: bytes, field: str | None) -> None:
+    with pytest.raises(MalformedJSONError) as caught:
+        strict_loads(raw)
+    assert caught.value.field == field
+
+
+def test_strict_loads_keeps_ordinary_json() -> None:
+    raw = b'{"a": [1.5, -2, 9223372036854775807, null, true, "x"], "b": {"c": 1e-300}}'
+    assert strict_loads(raw) == {
+        "a": [1.5, -2, 9223372036854775807, None, True, "x"],
+        "b": {"c": 1e-300},
+    }
+
+
+@pytest.mark.parametrize(
+    ("content_type", "expected"),
+    [
+        ("application/json", True),
+        ("Application/JSON; charset=utf-8", True),
+        ("application/problem+json", True),
+        ("text/json", False),
+        ("application/jsonx", False),
+        ("", False),
+        (None, False),
+    ],
+)
+def test_json_media_types(content_type: str | None, expected: bool) -> None:
+    assert is_json_media_type(content_type) is expected
+
+
+@pytest.mark.parametrize(
+    ("accept", "text"),
+    [
+        (None, False),
+        ("text/plain", True),
+        ("text/html, text/plain;q=0.5", True),
+        ("text/plain;q=0.4, application/json;q=0.5", False),
+        ("text/plain;q=0.5, application/json;q=0.4", True),
+        ("text/plain;q=bad", False),
+        ("image/png", False),
+    ],
+)
+def test_prefers_text(accept: str | None, text: bool) -> None:
+    assert prefers_text(accept) is text
+
+
+def test_lru_cache_evicts_the_least_recently_used() -> None:
+    cache = LRUCache(2)
+    cache.put("a", 1)
+    cache.put("b", 2)
+    assert cache.get("a") == 1  # "b" is now the oldest
+    cache.put("c", 3)
+    assert cache.get("b") is None and cache.get("a") == 1 and cache.get("c") == 3
+    assert len(cache) == 2
+    disabled = LRUCache(0)
+    disabled.put("a", 1)
+    assert disabled.get("a") is None
+
+
+@pytest.mark.parametrize(
+    ("loc", "path"),
+    [
+        (("body", "model", "config", "layers", 0), "model.config.layers[0]"),
+        (("body",), "body"),
+        (("query", "gpu_memory_gb"), "gpu_memory_gb"),
+        (("workload", "seq_len"), "workload.seq_len"),
+        ((), None),
+    ],
+)
+def test_field_path(loc: tuple[int | str, ...], path: str | None) -> None:
+    assert field_path(loc) == path
+
+
+def test_settings_read_the_prefixed_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CKPT_DRY_RUN_WORKERS", "3")
+    monkeypatch.setenv("CKPT_CONFIG_LIMITS__MAX_LAYERS", "64")
+    settings = Settings()
+    assert settings.dry_run_workers == 3
+    assert settings.config_limits == ConfigLimits(max_layers=64)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("CKPT_DRY_RUN_WORKRS", "3"),  # a typo must not leave the default silently
+        ("CKPT_DRY_RUN_WORKERS", "0"),
+        ("CKPT_DRY_RUN_TIMEOUT_S", "nan"),
+        ("CKPT_CONFIG_LIMITS__MAX_LAYERS", "0"),
+        ("CKPT_CONFIG_LIMITS__MAX_LAYRES", "8"),
+    ],
+)
+def test_settings_refuse_bad_or_unknown_variables(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    setting = name.removeprefix("CKPT_").split("__")[-1]
+    with pytest.raises(ValueError, match=f"(?i){setting}"):
+        Settings()
+
+
+@pytest.mark.parametrize(
+    ("schema", "dataclass"),
+    [(PlanResponse, Plan), (DryRunResponse, DryRunReport), (PresetSummary, PresetInfo)],
+)
+def test_response_schemas_mirror_ckpt_core(schema: type, dataclass: type) -> None:
+    assert list(schema.model_fields) == [f.name for f in dataclasses.fields(dataclass)]
+
+
+def test_importing_the_app_loads_no_torch() -> None:
+    code = (
+        "import sys, service.app; service.app.create_app(); "
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]"
