@@ -130,11 +130,11 @@ def _decoder_head(arch: Arch, step: Step) -> Ledger:
     linear(led, step, out, arch.hidden, "lm_head")
     if arch.final_softcap:
         led.keep("softcap.tanh", e * tokens * vocab)
-    _causal_loss(led, tokens, vocab)
+    causal_loss(led, tokens, vocab)
     return led
 
 
-def _causal_loss(led: Ledger, tokens: int, vocab: int) -> None:
+def causal_loss(led: Ledger, tokens: int, vocab: int) -> None:
     """transformers' ForCausalLMLoss: logits upcast to fp32, shifted labels, log-softmax kept."""
     led.keep("loss.log_softmax", 4 * tokens * vocab)
     led.keep("loss.labels", 8 * tokens)
@@ -175,14 +175,14 @@ def _decoder_block(arch: Arch, step: Step, mode: str, kind: int) -> Ledger:
 
 def _block_inputs(led: Ledger, arch: Arch, step: Step, sliding: bool) -> None:
     """Tensors a checkpointed block or attention keeps besides its hidden states."""
-    _block_inputs_rope(led, arch, step, sliding)
+    rope_tables(led, arch, step, sliding)
     led.keep(f"{GLOBAL}position_ids", 8 * step.seq)
-    mask = _mask(arch, step, sliding)
+    mask = mask_kind(arch, step, sliding)
     if mask is not None:
-        led.keep(f"{GLOBAL}mask.{mask}", _mask_bytes(step, mask))
+        led.keep(f"{GLOBAL}mask.{mask}", mask_bytes(step, mask))
 
 
-def _mask(arch: Arch, step: Step, sliding: bool) -> str | None:
+def mask_kind(arch: Arch, step: Step, sliding: bool) -> str | None:
     """The attention mask transformers materializes for this layer, if any.
 
     Eager always gets a float mask in the dtype.  sdpa gets a boolean mask
@@ -191,6 +191,8 @@ def _mask(arch: Arch, step: Step, sliding: bool) -> str | None:
     """
     window = sliding and arch.sliding_window is not None and step.seq >= arch.sliding_window
     suffix = "sliding" if window else "full"
+    if arch.family == "bert":  # bidirectional without padding: no mask at all
+        return None
     if step.attention == "eager":
         return f"eager.{suffix}"
     if step.attention == "fused" and (window or arch.family == "falcon"):
@@ -198,7 +200,7 @@ def _mask(arch: Arch, step: Step, sliding: bool) -> str | None:
     return None
 
 
-def _mask_bytes(step: Step, mask: str) -> int:
+def mask_bytes(step: Step, mask: str) -> int:
     per_element = step.dtype_bytes if mask.startswith("eager") else 1
     return per_element * step.batch * step.seq * step.seq
 
@@ -220,12 +222,13 @@ def _decoder_attention(led: Ledger, arch: Arch, step: Step, x: str, sliding: boo
     elif arch.sandwich == "olmo2":  # OLMo-2 normalizes the whole projections
         norm(led, step, q_raw, "q_norm", kind=arch.norm, rows=tokens, width=q)
         norm(led, step, k_raw, "k_norm", kind=arch.norm, rows=tokens, width=kv)
-    _block_inputs_rope(led, arch, step, sliding)
-    out = attention_core(led, arch, step, ("q_rope", "k_rope", v, v_bytes), sliding)
+    rope_tables(led, arch, step, sliding)
+    mask = mask_kind(arch, step, sliding)
+    out = attention_core(led, arch, step, ("q_rope", "k_rope", v, v_bytes), mask=mask)
     linear(led, step, out, q, "self_attn.o_proj")
 
 
-def _block_inputs_rope(led: Ledger, arch: Arch, step: Step, sliding: bool) -> None:
+def rope_tables(led: Ledger, arch: Arch, step: Step, sliding: bool) -> None:
     """RoPE multiplies by cos and sin: both kept (shared by every layer)."""
     e, seq = step.dtype_bytes, step.seq
     rope = "local" if sliding and arch.model_type.startswith("gemma3") else "global"
@@ -234,18 +237,26 @@ def _block_inputs_rope(led: Ledger, arch: Arch, step: Step, sliding: bool) -> No
 
 
 def attention_core(
-    led: Ledger, arch: Arch, step: Step, qkv: tuple[str, str, str, int], sliding: bool
+    led: Ledger,
+    arch: Arch,
+    step: Step,
+    qkv: tuple[str, str, str, int],
+    *,
+    mask: str | None,
+    softmax_fp32: bool = True,
 ) -> str:
     """The attention kernel on q, k, v storages; returns the output storage (o_proj's input).
 
     ``qkv`` = (q name, k name, v storage name, v storage bytes); q and k are
-    new storages of ``heads`` and ``kv_heads`` width.
+    storages of ``heads`` and ``kv_heads`` width.  ``mask``: the mask
+    transformers passes (`mask_kind`).  ``softmax_fp32``: eager upcasts the
+    scores to fp32 (Llama-style) rather than keeping them in the dtype
+    (GPT-2, BERT, Falcon).
     """
     q_name, k_name, v_name, v_bytes = qkv
     e, tokens, batch, seq = step.dtype_bytes, step.tokens, step.batch, step.seq
     q, kv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
     scores = batch * arch.heads * seq * seq
-    mask = _mask(arch, step, sliding)
     led.keep(q_name, e * tokens * q)
     if step.attention == "eager":
         # matmul keeps full-head copies of k and v (repeat_kv, or the reshape of a view)
@@ -253,8 +264,9 @@ def attention_core(
         led.keep("attn.v_full", e * tokens * q)
         if arch.attn_softcap:
             led.keep("attn.tanh", e * scores)
-        led.keep("attn.softmax32", 4 * scores)
-        probs = "attn.softmax32" if e == 4 else "attn.probs"
+        softmax_bytes = 4 if softmax_fp32 else e
+        led.keep("attn.softmax", softmax_bytes * scores)
+        probs = "attn.softmax" if softmax_bytes == e else "attn.probs"
         probs = dropout(led, step, probs, tag="attn.dropout", p=arch.attn_dropout, elements=scores)
         led.keep(probs, e * scores)
         led.keep("attn.o_in", e * tokens * q)  # transpose(1, 2).contiguous() copies

@@ -46,7 +46,7 @@ class Step:
 
 
 class Ledger:
-    """Storages one scope keeps: name -> bytes (the first size recorded wins)."""
+    """Storages one scope keeps: name -> bytes (a storage is as large as its largest view)."""
 
     __slots__ = ("sizes",)
 
@@ -54,8 +54,8 @@ class Ledger:
         self.sizes: dict[str, int] = {}
 
     def keep(self, name: str, nbytes: int) -> None:
-        if nbytes > 0:
-            self.sizes.setdefault(name, nbytes)
+        if nbytes > self.sizes.get(name, 0):
+            self.sizes[name] = nbytes
 
     def local_bytes(self) -> int:
         return sum(size for name, size in self.sizes.items() if not name.startswith(GLOBAL))
