@@ -35,8 +35,10 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         1 << 20, ge=1024, description="Largest request body accepted (413 above it)."
     )
+    # One worker leaves a core of a 2-CPU replica to the server: /resolve
+    # latency stays flat while models are built.  Raise it with the CPUs.
     dry_run_workers: int = Field(
-        2, ge=1, le=64, description="Worker processes that run dry runs in parallel."
+        1, ge=1, le=64, description="Worker processes that run dry runs in parallel."
     )
     dry_run_queue: int = Field(
         8, ge=0, description="Dry runs that may wait for a free worker (429 beyond)."

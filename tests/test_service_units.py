@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -149,3 +150,12 @@ def test_importing_the_app_loads_no_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_readme_documents_every_setting() -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text("utf-8")
+    section = readme[readme.index("## Service") :]
+    names = [f"CKPT_{name.upper()}" for name in Settings.model_fields if name != "config_limits"]
+    names += [f"CKPT_CONFIG_LIMITS__{f.name.upper()}" for f in dataclasses.fields(ConfigLimits)]
+    missing = [name for name in names if f"| `{name}` |" not in section]
+    assert not missing, f"README ## Service settings table lacks {missing}"
