@@ -44,48 +44,59 @@ BlockFn = Callable[[Arch, Step, str, int], Ledger]
 def activation_bytes(arch: Arch, step: Step, tier: str) -> int:
     """Bytes autograd keeps at the end of the forward for ``tier`` (closed form)."""
     if arch.family == "decoder":
-        stacks, embed, head, block = (
-            [arch.layers],
-            _decoder_embed(arch, step),
-            _decoder_head(arch, step),
-            _decoder_block,
-        )
+        embed, head, block = _decoder_embed(arch, step), _decoder_head(arch, step), _decoder_block
     else:
         from ckpt_core._activations_classic import family_parts
 
-        stacks, embed, head, block = family_parts(arch, step)
-    return _compose(arch, step, tier, stacks=stacks, scopes=(embed, head), block=block)
+        _, embed, head, block = family_parts(arch, step)
+    return _compose(arch, step, tier, scopes=(embed, head), block=block)
+
+
+def largest_block(arch: Arch, step: Step, mode: str) -> int:
+    """The local bytes of the largest block in ``mode`` (for the backward working set)."""
+    if arch.family == "decoder":
+        block: BlockFn = _decoder_block
+    else:
+        from ckpt_core._activations_classic import family_parts
+
+        _, _, _, block = family_parts(arch, step)
+    kinds = {_block_kind(arch, stack, index) for stack, index, _ in block_modes(arch, "off")}
+    return max(block(arch, step, mode, kind).local_bytes() for kind in kinds)
+
+
+def block_modes(arch: Arch, tier: str) -> list[tuple[int, int, str]]:
+    """(stack, index in stack, mode) of every block under ``tier``.
+
+    HF's ``every_n_layers`` counts blocks across stacks in module order; a
+    vision tower comes first (its blocks are hooked too, but text-only
+    training never runs them).
+    """
+    stacks = [arch.encoder_layers, arch.layers] if arch.family == "t5" else [arch.layers]
+    counter = arch.vision.layers if arch.vision is not None else 0
+    modes = []
+    for stack, layers in enumerate(stacks):
+        for index in range(layers):
+            modes.append((stack, index, _mode(tier, counter)))
+            counter += 1
+    return modes
 
 
 def _compose(
-    arch: Arch,
-    step: Step,
-    tier: str,
-    *,
-    stacks: list[int],
-    scopes: tuple[Ledger, ...],
-    block: BlockFn,
+    arch: Arch, step: Step, tier: str, *, scopes: tuple[Ledger, ...], block: BlockFn
 ) -> int:
     """Sum the scopes, each block under its tier's mode, and the shared storages once."""
     cache: dict[tuple[str, int], Ledger] = {}
     shared: dict[str, int] = {}
     total = 0
-    # HF's every_n_layers counts blocks across stacks in module order; a vision
-    # tower comes first (its blocks are hooked too, but text-only training never runs them).
-    counter = arch.vision.layers if arch.vision is not None else 0
     for scope in scopes:
         total += scope.local_bytes()
         shared.update(scope.globals())
-    for stack, layers in enumerate(stacks):
-        for index in range(layers):
-            mode = _mode(tier, counter)
-            counter += 1
-            kind = _block_kind(arch, stack, index)
-            key = (mode, kind)
-            if key not in cache:
-                cache[key] = block(arch, step, mode, kind)
-            total += cache[key].local_bytes()
-            shared.update(cache[key].globals())
+    for stack, index, mode in block_modes(arch, tier):
+        key = (mode, _block_kind(arch, stack, index))
+        if key not in cache:
+            cache[key] = block(arch, step, *key)
+        total += cache[key].local_bytes()
+        shared.update(cache[key].globals())
     return total + sum(shared.values())
 
 

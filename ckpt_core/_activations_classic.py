@@ -306,15 +306,16 @@ def _t5_attention(
     """Attention with T5's relative position bias (sdpa: a float mask; eager: an added bias)."""
     e, rows, h = step.dtype_bytes, step.tokens, arch.hidden
     inner = arch.heads * arch.head_dim
-    linear(led, step, x, h, f"{tag}.q")
+    module = "EncDecAttention" if cross else "SelfAttention"
+    linear(led, step, x, h, f"{module}.q")
     kv_source = f"{GLOBAL}encoder_out" if cross else x
-    linear(led, step, kv_source, h, f"{tag}.k")
-    linear(led, step, kv_source, h, f"{tag}.v")
+    linear(led, step, kv_source, h, f"{module}.k")
+    linear(led, step, kv_source, h, f"{module}.v")
     if first and not cross:  # the bucket indices of the relative-position embedding
         led.keep(f"{tag}.buckets", 8 * step.seq * step.seq)
     if step.attention == "eager":
         _t5_eager(led, arch, step, tag)
-        linear(led, step, f"{tag}.out", inner, f"{tag}.o")
+        linear(led, step, f"{tag}.out", inner, f"{module}.o")
         return
     for name in ("q", "k", "v", "out"):
         led.keep(f"{tag}.{name}", e * rows * inner)
@@ -326,7 +327,7 @@ def _t5_attention(
         if decoder:  # causal: torch.where keeps its boolean condition
             led.keep(f"{tag}.causal", step.seq * step.seq)
         led.keep(f"{tag}.bias", bias)  # a contiguous copy of the bias, per layer
-    linear(led, step, f"{tag}.out", inner, f"{tag}.o")
+    linear(led, step, f"{tag}.out", inner, f"{module}.o")
 
 
 def _t5_eager(led: Ledger, arch: Arch, step: Step, tag: str) -> None:

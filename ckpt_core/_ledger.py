@@ -104,13 +104,14 @@ def norm(led: Ledger, step: Step, x: str, tag: str, *, kind: str, rows: int, wid
 
 
 def linear(led: Ledger, step: Step, x: str, fan_in: int, name: str, *, rows: int = 0) -> None:
-    """A linear layer keeps its input for the weight's gradient (or its LoRA adapter's)."""
+    """A linear layer keeps its input for its weight's gradient; a LoRA adapter keeps its own."""
     rows = rows or step.tokens
     adapted = step.adapted(name)
-    if step.trainable_weights or adapted:
+    if step.trainable_weights:
         led.keep(x, step.dtype_bytes * rows * fan_in)
-    if adapted:
-        led.keep(f"{name}.lora", step.dtype_bytes * rows * step.lora_rank)
+    if adapted:  # PEFT casts the input to the fp32 adapter (a copy unless already fp32)
+        led.keep(x if step.dtype_bytes == 4 else f"{name}.lora_in", 4 * rows * fan_in)
+        led.keep(f"{name}.lora_mid", 4 * rows * step.lora_rank)
 
 
 def activation(led: Ledger, step: Step, x: str, *, tag: str, kind: str, elements: int) -> str:

@@ -28,7 +28,11 @@ import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final
 
-from ckpt_core._errors import CheckpointConflictError, InvalidGranularityError
+from ckpt_core._errors import (
+    CheckpointConflictError,
+    InvalidGranularityError,
+    InvalidWorkloadError,
+)
 from ckpt_core._meta_stand_ins import (
     FLASH_STAND_IN,
     meta_kernels,
@@ -74,6 +78,7 @@ def measure_activation_bytes(
     workload = Workload(
         seq_len=seq_len, micro_batch_size=micro_batch_size, dtype=dtype, attention=attention
     )
+    _check_positions(model, workload.seq_len)
     on_meta = _device(model).type == "meta"
     effective = effective_attention(model, workload.attention)
     implementation = _run_implementation(model, effective, on_meta)
@@ -115,6 +120,24 @@ def _run_implementation(model: nn.Module, implementation: str, on_meta: bool) ->
         return implementation
     uses_interface = getattr(type(model), "_can_set_attn_implementation", lambda: False)()
     return FLASH_STAND_IN if uses_interface else "sdpa"
+
+
+def _check_positions(model: nn.Module, seq_len: int) -> None:
+    """Learned absolute positions (GPT-2, BERT) end at their table: longer is an error.
+
+    On meta an out-of-range index goes unnoticed, so the check is made here.
+    """
+    from torch import nn
+
+    for name, module in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        learned = isinstance(module, nn.Embedding) and leaf in ("wpe", "position_embeddings")
+        if learned and seq_len > module.num_embeddings:
+            raise InvalidWorkloadError(
+                f"seq_len {seq_len} is longer than the model's learned positions "
+                f"({module.num_embeddings}, {name})",
+                field="workload.seq_len",
+            )
 
 
 def _parse_granularity(granularity: object) -> str:
@@ -234,8 +257,6 @@ def _attention_implementation(
         import torch
 
         if not torch.cuda.is_available():
-            from ckpt_core._errors import InvalidWorkloadError
-
             raise InvalidWorkloadError(
                 "flash_attention_2 needs CUDA; measure sdpa on CPU or on the meta device",
                 field="workload.attention",

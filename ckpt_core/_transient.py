@@ -1,0 +1,55 @@
+"""The transient working set of the backward pass, on top of the kept activations.
+
+Two moments compete for the step's peak (`ckpt_core._memory` takes the larger):
+
+- the loss backward, right after forward: the gradient of the log-softmax and
+  its input, each vocab x tokens (fp32 for causal LMs, whose loss upcasts the
+  logits; the dtype for BERT / T5), plus the softcapping tanh's gradient;
+- one block's backward: a checkpointed block is recomputed first, so its
+  activations exist again (for selective, its attention's), plus the gradient
+  buffers of the block's widest op (MLP intermediate, MoE expert rows, or the
+  s x s scores of eager attention) and two hidden-size gradients.
+
+Pure arithmetic; a model of the allocator's behaviour, not a measurement.
+"""
+
+from __future__ import annotations
+
+from ckpt_core._activations import largest_block
+from ckpt_core._arch import Arch
+from ckpt_core._ledger import Step
+
+
+def transient_bytes(arch: Arch, step: Step, tier: str) -> int:
+    """Bytes allocated temporarily during the backward of ``tier`` (peak of the two moments)."""
+    return max(
+        _loss_backward(arch, step), _recomputed(arch, step, tier) + _widest_gradients(arch, step)
+    )
+
+
+def _loss_backward(arch: Arch, step: Step) -> int:
+    logits = step.tokens * arch.vocab
+    loss_bytes = step.dtype_bytes if arch.family in ("bert", "t5") else 4
+    softcap = step.dtype_bytes * logits if arch.final_softcap else 0
+    return 2 * loss_bytes * logits + softcap
+
+
+def _recomputed(arch: Arch, step: Step, tier: str) -> int:
+    """Activations a checkpointed block (or attention) holds again while it is differentiated."""
+    if tier == "off":
+        return 0
+    plain = largest_block(arch, step, "plain")
+    if tier == "selective":
+        return plain - largest_block(arch, step, "selective")
+    return plain - largest_block(arch, step, "ckpt")
+
+
+def _widest_gradients(arch: Arch, step: Step) -> int:
+    e, tokens = step.dtype_bytes, step.tokens
+    inner = arch.intermediate * (2 if arch.glu else 1)
+    widest = e * tokens * inner
+    if arch.is_moe:
+        widest = max(widest, 2 * e * tokens * arch.top_k * arch.moe_intermediate)
+    if step.attention == "eager":
+        widest = max(widest, (4 + e) * step.batch * arch.heads * step.seq * step.seq)
+    return widest + 2 * e * tokens * arch.hidden
