@@ -1,8 +1,9 @@
 """Service test fixtures: apps with small worker pools, warmed once per test module.
 
 A pool's warm-up costs seconds (the first one starts the forkserver, which
-imports torch and transformers), so each module shares one client; tests that
-need other limits build their own with `service_client`.
+imports torch and transformers), so each module shares one app through the
+`api` fixture; tests that need other limits build their own with
+`service_client`.
 """
 
 from __future__ import annotations
@@ -36,11 +37,11 @@ TINY_CONFIG: dict[str, Any] = {
 SLOW_CONFIG: dict[str, Any] = {**TINY_CONFIG, "num_hidden_layers": 512, "hidden_size": 64}
 
 
-def wait_ready(client: TestClient, timeout_s: float = READY_TIMEOUT_S) -> None:
+def wait_ready(api: TestClient, timeout_s: float = READY_TIMEOUT_S) -> None:
     """Poll /readyz until 200; fail with its last answer after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while True:
-        response = client.get("/readyz")
+        response = api.get("/readyz")
         if response.status_code == 200:
             return
         assert time.monotonic() < deadline, f"not ready after {timeout_s} s: {response.text}"
@@ -51,23 +52,23 @@ def wait_ready(client: TestClient, timeout_s: float = READY_TIMEOUT_S) -> None:
 def service_client(**settings: Any) -> Iterator[TestClient]:
     """A TestClient on a fresh app with these settings, its workers warm."""
     app = create_app(Settings(**{"dry_run_workers": 1, **settings}))
-    with TestClient(app, raise_server_exceptions=True) as client:
-        wait_ready(client)
-        yield client
+    with TestClient(app, raise_server_exceptions=True) as api:
+        wait_ready(api)
+        yield api
 
 
 @pytest.fixture(scope="module")
-def client() -> Iterator[TestClient]:
+def api() -> Iterator[TestClient]:
     """One warm app per test module: one worker, default limits otherwise."""
     with service_client() as test_client:
         yield test_client
 
 
-def metric(client: TestClient, name: str, **labels: str) -> float:
+def metric(api: TestClient, name: str, **labels: str) -> float:
     """The current value of one Prometheus sample (0.0 when it has not been recorded)."""
     wanted = ",".join(f'{key}="{value}"' for key, value in sorted(labels.items()))
     prefix = f"{name}{{{wanted}}} " if labels else f"{name} "
-    for line in client.get("/metrics").text.splitlines():
+    for line in api.get("/metrics").text.splitlines():
         if _sorted_labels(line).startswith(prefix):
             return float(line.rsplit(" ", 1)[1])
     return 0.0

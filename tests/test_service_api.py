@@ -40,30 +40,30 @@ def _error(response: Any, status: int, code: str, field: str | None) -> dict[str
     ],
 )
 def test_resolve_answers_the_plan_of_ckpt_core(
-    client: TestClient, request_body: dict[str, Any], kwargs: dict[str, Any]
+    api: TestClient, request_body: dict[str, Any], kwargs: dict[str, Any]
 ) -> None:
-    response = client.post("/resolve", json=request_body)
+    response = api.post("/resolve", json=request_body)
     assert response.status_code == 200, response.text
     expected = ckpt_core.make_plan(request_body.get("tier"), **kwargs).to_dict()
     assert response.json() == json.loads(json.dumps(expected))
 
 
-def test_resolve_with_a_model_and_workload_validates_them(client: TestClient) -> None:
+def test_resolve_with_a_model_and_workload_validates_them(api: TestClient) -> None:
     body = {
         "tier": "auto",
         "gpu": "A100-80GB",
         "model": {"preset": "llama-3.2-1b"},
         "workload": {"seq_len": 2048, "method": "lora"},
     }
-    response = client.post("/resolve", json=body)
+    response = api.post("/resolve", json=body)
     assert response.status_code == 200, response.text
     assert response.json()["granularity"] == "medium"
     bad_workload = {**body, "workload": {"seq_len": 2048, "method": "prefix"}}
-    _error(client.post("/resolve", json=bad_workload), 422, "invalid_workload", "workload.method")
+    _error(api.post("/resolve", json=bad_workload), 422, "invalid_workload", "workload.method")
 
 
-def test_plan_answer_round_trips_into_a_plan(client: TestClient) -> None:
-    data = client.post("/resolve", json={"tier": "medium"}).json()
+def test_plan_answer_round_trips_into_a_plan(api: TestClient) -> None:
+    data = api.post("/resolve", json={"tier": "medium"}).json()
     assert ckpt_core.Plan.from_dict(data).to_dict() == data
 
 
@@ -131,9 +131,9 @@ LARGE_CONFIG = {**TINY_CONFIG, "num_hidden_layers": 100_000}
     ],
 )
 def test_resolve_rejects_bad_values_with_the_field(
-    client: TestClient, body: Any, status: int, code: str, field: str | None
+    api: TestClient, body: Any, status: int, code: str, field: str | None
 ) -> None:
-    _error(client.post("/resolve", json=body), status, code, field)
+    _error(api.post("/resolve", json=body), status, code, field)
 
 
 @pytest.mark.parametrize(
@@ -150,56 +150,54 @@ def test_resolve_rejects_bad_values_with_the_field(
     ],
 )
 def test_body_that_is_not_strict_json_is_a_400(
-    client: TestClient, raw: bytes, field: str | None
+    api: TestClient, raw: bytes, field: str | None
 ) -> None:
-    _error(client.post("/resolve", content=raw, headers=JSON), 400, "malformed_json", field)
+    _error(api.post("/resolve", content=raw, headers=JSON), 400, "malformed_json", field)
 
 
 @pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
-def test_body_that_is_not_json_content_is_a_415(
-    client: TestClient, content_type: str | None
-) -> None:
+def test_body_that_is_not_json_content_is_a_415(api: TestClient, content_type: str | None) -> None:
     headers = {"content-type": content_type} if content_type else {}
-    response = client.post("/resolve", content=b'{"tier": "auto"}', headers=headers)
+    response = api.post("/resolve", content=b'{"tier": "auto"}', headers=headers)
     _error(response, 415, "unsupported_media_type", None)
 
 
-def test_json_with_charset_and_vendor_suffix_is_accepted(client: TestClient) -> None:
+def test_json_with_charset_and_vendor_suffix_is_accepted(api: TestClient) -> None:
     for content_type in ("application/json; charset=utf-8", "application/vnd.ckpt+json"):
         headers = {"content-type": content_type}
-        response = client.post("/resolve", content=b'{"tier": "full"}', headers=headers)
+        response = api.post("/resolve", content=b'{"tier": "full"}', headers=headers)
         assert response.status_code == 200, (content_type, response.text)
 
 
-def test_body_over_the_limit_is_a_413_from_content_length(client: TestClient) -> None:
+def test_body_over_the_limit_is_a_413_from_content_length(api: TestClient) -> None:
     body = b'{"tier": "auto", "pad": "' + b"x" * (1 << 20) + b'"}'
-    response = client.post("/resolve", content=body, headers=JSON)
+    response = api.post("/resolve", content=body, headers=JSON)
     _error(response, 413, "body_too_large", None)
     # Refused before routing: counted without a route template.
     labels = {"method": "POST", "route": "<unmatched>", "status": "413"}
-    assert metric(client, "ckpt_http_requests_total", **labels) >= 1
+    assert metric(api, "ckpt_http_requests_total", **labels) >= 1
 
 
-def test_chunked_body_over_the_limit_is_a_413(client: TestClient) -> None:
+def test_chunked_body_over_the_limit_is_a_413(api: TestClient) -> None:
     def chunks() -> Iterator[bytes]:
         yield b'{"tier": "auto", "pad": "'
         for _ in range(40):
             yield b"x" * 32_768
         yield b'"}'
 
-    response = client.post("/resolve", content=chunks(), headers=JSON)
+    response = api.post("/resolve", content=chunks(), headers=JSON)
     _error(response, 413, "body_too_large", None)
 
 
-def test_empty_body_is_a_missing_body(client: TestClient) -> None:
-    _error(client.post("/resolve", content=b"", headers=JSON), 422, "invalid_request", "body")
+def test_empty_body_is_a_missing_body(api: TestClient) -> None:
+    _error(api.post("/resolve", content=b"", headers=JSON), 422, "invalid_request", "body")
 
 
 # --- GET /describe ---------------------------------------------------------------
 
 
-def test_describe_answers_json_by_default(client: TestClient) -> None:
-    response = client.get("/describe", params={"tier": "auto", "gpu_memory_gb": 40})
+def test_describe_answers_json_by_default(api: TestClient) -> None:
+    response = api.get("/describe", params={"tier": "auto", "gpu_memory_gb": 40})
     assert response.status_code == 200
     assert response.json() == {
         "tier": "auto",
@@ -218,8 +216,8 @@ def test_describe_answers_json_by_default(client: TestClient) -> None:
         ("*/*", False),
     ],
 )
-def test_describe_follows_the_accept_header(client: TestClient, accept: str, text: bool) -> None:
-    response = client.get(
+def test_describe_follows_the_accept_header(api: TestClient, accept: str, text: bool) -> None:
+    response = api.get(
         "/describe", params={"tier": "auto", "gpu": "H200"}, headers={"accept": accept}
     )
     assert response.status_code == 200
@@ -244,49 +242,49 @@ def test_describe_follows_the_accept_header(client: TestClient, accept: str, tex
     ],
 )
 def test_describe_rejects_bad_query_values(
-    client: TestClient, params: dict[str, str], code: str, field: str
+    api: TestClient, params: dict[str, str], code: str, field: str
 ) -> None:
-    _error(client.get("/describe", params=params), 422, code, field)
+    _error(api.get("/describe", params=params), 422, code, field)
 
 
 # --- GET /presets, probes, metrics, plumbing ----------------------------------------
 
 
-def test_presets_lists_every_bundled_preset(client: TestClient) -> None:
-    response = client.get("/presets")
+def test_presets_lists_every_bundled_preset(api: TestClient) -> None:
+    response = api.get("/presets")
     assert response.status_code == 200
     assert response.json() == {"presets": [preset.to_dict() for preset in list_presets()]}
     assert len(response.json()["presets"]) >= 3
 
 
-def test_probes(client: TestClient) -> None:
-    assert client.get("/healthz").json() == {"status": "ok"}
-    assert client.get("/readyz").json() == {"status": "ready"}
+def test_probes(api: TestClient) -> None:
+    assert api.get("/healthz").json() == {"status": "ok"}
+    assert api.get("/readyz").json() == {"status": "ready"}
 
 
-def test_metrics_count_requests_by_route_template_and_status(client: TestClient) -> None:
+def test_metrics_count_requests_by_route_template_and_status(api: TestClient) -> None:
     labels = {"method": "GET", "route": "/describe", "status": "200"}
-    before = metric(client, "ckpt_http_requests_total", **labels)
-    client.get("/describe", params={"tier": "full"})
-    assert metric(client, "ckpt_http_requests_total", **labels) == before + 1
-    text = client.get("/metrics").text
+    before = metric(api, "ckpt_http_requests_total", **labels)
+    api.get("/describe", params={"tier": "full"})
+    assert metric(api, "ckpt_http_requests_total", **labels) == before + 1
+    text = api.get("/metrics").text
     assert "ckpt_http_request_duration_seconds_bucket" in text
     assert "ckpt_dry_run_queue_depth 0.0" in text
 
 
-def test_request_id_is_echoed_or_generated(client: TestClient) -> None:
-    given = client.get("/healthz", headers={"X-Request-ID": "job-42.a"})
+def test_request_id_is_echoed_or_generated(api: TestClient) -> None:
+    given = api.get("/healthz", headers={"X-Request-ID": "job-42.a"})
     assert given.headers["X-Request-ID"] == "job-42.a"
-    generated = client.get("/healthz", headers={"X-Request-ID": "bad id\twith spaces"})
+    generated = api.get("/healthz", headers={"X-Request-ID": "bad id\twith spaces"})
     assert len(generated.headers["X-Request-ID"]) == 32
-    assert generated.headers["X-Request-ID"] != client.get("/healthz").headers["X-Request-ID"]
-    error = client.post("/resolve", json={"tier": "nope"}, headers={"X-Request-ID": "r-1"})
+    assert generated.headers["X-Request-ID"] != api.get("/healthz").headers["X-Request-ID"]
+    error = api.post("/resolve", json={"tier": "nope"}, headers={"X-Request-ID": "r-1"})
     assert error.headers["X-Request-ID"] == "r-1"
 
 
-def test_unknown_path_and_method_use_the_error_shape(client: TestClient) -> None:
-    _error(client.get("/nope"), 404, "not_found", None)
-    response = client.delete("/resolve")
+def test_unknown_path_and_method_use_the_error_shape(api: TestClient) -> None:
+    _error(api.get("/nope"), 404, "not_found", None)
+    response = api.delete("/resolve")
     _error(response, 405, "method_not_allowed", None)
     assert response.headers["allow"] == "POST"
 
@@ -294,13 +292,13 @@ def test_unknown_path_and_method_use_the_error_shape(client: TestClient) -> None
 def test_a_bug_is_a_json_500_not_a_traceback() -> None:
     from tests.conftest import service_client
 
-    with service_client() as client:
+    with service_client() as api:
 
-        @client.app.get("/boom")  # type: ignore[attr-defined]
+        @api.app.get("/boom")  # type: ignore[attr-defined]
         async def boom() -> None:
             raise RuntimeError("a bug")
 
-        response = client.get("/boom", headers={"X-Request-ID": "boom-1"})
+        response = api.get("/boom", headers={"X-Request-ID": "boom-1"})
     body = _error(response, 500, "internal_error", None)
     assert "boom-1" in body["detail"] and "a bug" not in body["detail"]
     assert response.headers["X-Request-ID"] == "boom-1"

@@ -39,13 +39,13 @@ def _worker_pids() -> set[int]:
     return {p.pid for p in multiprocessing.active_children() if p.name == "ckpt-dry-run" and p.pid}
 
 
-def _busy(client: TestClient) -> bool:
-    return metric(client, "ckpt_dry_run_workers_busy") >= 1
+def _busy(api: TestClient) -> bool:
+    return metric(api, "ckpt_dry_run_workers_busy") >= 1
 
 
-def test_dry_run_reports_what_ckpt_core_reports(client: TestClient) -> None:
+def test_dry_run_reports_what_ckpt_core_reports(api: TestClient) -> None:
     body = {"model": {"preset": "llama-3.2-1b"}, "tier": "selective"}
-    response = client.post("/dry-run", json=body)
+    response = api.post("/dry-run", json=body)
     assert response.status_code == 200, response.text
     report = response.json()
     expected = dry_run({"preset": "llama-3.2-1b"}, "selective").to_dict()
@@ -57,26 +57,26 @@ def test_dry_run_reports_what_ckpt_core_reports(client: TestClient) -> None:
     assert report["native"] is False
 
 
-def test_native_full_tier_on_an_inline_config(client: TestClient) -> None:
+def test_native_full_tier_on_an_inline_config(api: TestClient) -> None:
     body = {"model": {"config": TINY_CONFIG}, "tier": "full", "gpu": "A100-80GB"}
-    report = client.post("/dry-run", json=body).json()
+    report = api.post("/dry-run", json=body).json()
     assert report["granularity"] == "full" and report["native"] is True
     assert report["blocks"] == report["hooked"] == TINY_CONFIG["num_hidden_layers"]
 
 
-def test_a_repeated_request_is_served_from_the_cache(client: TestClient) -> None:
+def test_a_repeated_request_is_served_from_the_cache(api: TestClient) -> None:
     config = {**TINY_CONFIG, "num_hidden_layers": 3}
-    hits = metric(client, "ckpt_dry_run_cache_total", result="hit")
-    runs = metric(client, "ckpt_dry_run_duration_seconds_count", outcome="ok")
-    first = client.post("/dry-run", json={"model": {"config": config}, "tier": "medium"})
+    hits = metric(api, "ckpt_dry_run_cache_total", result="hit")
+    runs = metric(api, "ckpt_dry_run_duration_seconds_count", outcome="ok")
+    first = api.post("/dry-run", json={"model": {"config": config}, "tier": "medium"})
     # Same config with its keys in another order: the same canonical key.
     reordered = dict(reversed(list(config.items())))
-    second = client.post("/dry-run", json={"model": {"config": reordered}, "tier": "medium"})
+    second = api.post("/dry-run", json={"model": {"config": reordered}, "tier": "medium"})
     assert first.headers["X-Cache"] == "miss" and second.headers["X-Cache"] == "hit"
     assert first.json() == second.json()
-    assert metric(client, "ckpt_dry_run_cache_total", result="hit") == hits + 1
-    assert metric(client, "ckpt_dry_run_duration_seconds_count", outcome="ok") == runs + 1
-    other_tier = client.post("/dry-run", json={"model": {"config": config}, "tier": "full"})
+    assert metric(api, "ckpt_dry_run_cache_total", result="hit") == hits + 1
+    assert metric(api, "ckpt_dry_run_duration_seconds_count", outcome="ok") == runs + 1
+    other_tier = api.post("/dry-run", json={"model": {"config": config}, "tier": "full"})
     assert other_tier.headers["X-Cache"] == "miss"
 
 
@@ -120,31 +120,31 @@ def test_a_repeated_request_is_served_from_the_cache(client: TestClient) -> None
     ],
 )
 def test_bad_input_is_refused_before_the_pool(
-    client: TestClient, model: dict[str, Any], extra: dict[str, Any], code: str, field: str
+    api: TestClient, model: dict[str, Any], extra: dict[str, Any], code: str, field: str
 ) -> None:
-    lookups = metric(client, "ckpt_dry_run_cache_total", result="miss")
-    response = client.post("/dry-run", json={"model": model, "tier": "full", **extra})
+    lookups = metric(api, "ckpt_dry_run_cache_total", result="miss")
+    response = api.post("/dry-run", json={"model": model, "tier": "full", **extra})
     assert response.status_code == 422, response.text
     assert response.json()["error"] == code and response.json()["field"] == field
     # Refused before the cache lookup, so before any worker was involved.
-    assert metric(client, "ckpt_dry_run_cache_total", result="miss") == lookups
+    assert metric(api, "ckpt_dry_run_cache_total", result="miss") == lookups
 
 
-def test_model_is_required(client: TestClient) -> None:
-    response = client.post("/dry-run", json={"tier": "full"})
+def test_model_is_required(api: TestClient) -> None:
+    response = api.post("/dry-run", json={"tier": "full"})
     assert response.status_code == 422
     assert response.json()["field"] == "model"
 
 
 def test_saturated_pool_answers_429_while_resolve_still_answers() -> None:
-    with service_client(dry_run_queue=0) as client:
+    with service_client(dry_run_queue=0) as api:
         slow = {"model": {"config": SLOW_CONFIG}, "tier": "full"}
-        thread, results = _in_background(lambda: client.post("/dry-run", json=slow))
-        _wait_until(lambda: _busy(client))
-        busy = client.post("/dry-run", json={"model": {"config": TINY_CONFIG}, "tier": "full"})
-        resolve = client.post("/resolve", json={"tier": "auto", "gpu": "H200"})
-        describe = client.get("/describe", params={"tier": "medium"})
-        still_busy = _busy(client)
+        thread, results = _in_background(lambda: api.post("/dry-run", json=slow))
+        _wait_until(lambda: _busy(api))
+        busy = api.post("/dry-run", json={"model": {"config": TINY_CONFIG}, "tier": "full"})
+        resolve = api.post("/resolve", json={"tier": "auto", "gpu": "H200"})
+        describe = api.get("/describe", params={"tier": "medium"})
+        still_busy = _busy(api)
         thread.join()
     assert still_busy, "the slow dry run ended before the checks: make SLOW_CONFIG slower"
     assert busy.status_code == 429, busy.text
@@ -157,36 +157,36 @@ def test_saturated_pool_answers_429_while_resolve_still_answers() -> None:
 
 
 def test_a_dry_run_over_the_time_limit_is_a_504_and_the_service_recovers() -> None:
-    with service_client(dry_run_timeout_s=0.2) as client:
-        slow = client.post("/dry-run", json={"model": {"config": SLOW_CONFIG}, "tier": "full"})
+    with service_client(dry_run_timeout_s=0.2) as api:
+        slow = api.post("/dry-run", json={"model": {"config": SLOW_CONFIG}, "tier": "full"})
         assert slow.status_code == 504, slow.text
         assert slow.json()["error"] == "dry_run_timeout"
-        assert client.get("/healthz").status_code == 200
-        assert client.post("/resolve", json={"tier": "full"}).status_code == 200
+        assert api.get("/healthz").status_code == 200
+        assert api.post("/resolve", json={"tier": "full"}).status_code == 200
         # The killed worker is replaced: a small dry run succeeds again.
         tiny = {"model": {"config": TINY_CONFIG}, "tier": "full"}
-        _wait_until(lambda: client.post("/dry-run", json=tiny).status_code == 200)
-        assert metric(client, "ckpt_dry_run_duration_seconds_count", outcome="timeout") == 1
-        assert client.get("/readyz").status_code == 200
+        _wait_until(lambda: api.post("/dry-run", json=tiny).status_code == 200)
+        assert metric(api, "ckpt_dry_run_duration_seconds_count", outcome="timeout") == 1
+        assert api.get("/readyz").status_code == 200
 
 
 def test_a_worker_that_dies_mid_run_is_a_503_and_is_replaced() -> None:
     others = _worker_pids()
-    with service_client() as client:
+    with service_client() as api:
         slow = {"model": {"config": SLOW_CONFIG}, "tier": "selective"}
-        thread, results = _in_background(lambda: client.post("/dry-run", json=slow))
-        _wait_until(lambda: _busy(client))
+        thread, results = _in_background(lambda: api.post("/dry-run", json=slow))
+        _wait_until(lambda: _busy(api))
         (pid,) = _worker_pids() - others  # this app's only worker
         os.kill(pid, signal.SIGKILL)
         thread.join()
         assert results[0].status_code == 503, results[0].text
         assert results[0].json()["error"] == "dry_run_worker_crashed"
         tiny = {"model": {"config": TINY_CONFIG}, "tier": "off"}
-        _wait_until(lambda: client.post("/dry-run", json=tiny).status_code == 200)
+        _wait_until(lambda: api.post("/dry-run", json=tiny).status_code == 200)
 
 
-def test_report_fields_match_ckpt_core(client: TestClient) -> None:
-    report = client.post("/dry-run", json={"model": {"preset": "gpt2"}, "tier": "off"}).json()
+def test_report_fields_match_ckpt_core(api: TestClient) -> None:
+    report = api.post("/dry-run", json={"model": {"preset": "gpt2"}, "tier": "off"}).json()
     assert report["granularity"] is None and report["hooked"] == 0 and report["modules"] == []
     assert report["blocks"] == 12
     assert report["parameters"] > 100_000_000
