@@ -101,12 +101,22 @@ def effective_attention(model: nn.Module, attention: str) -> str:
     back to eager, as transformers does by default; flash on one without flash
     support uses sdpa (and so eager where neither is supported).
     """
-    cls = type(model)
+    cls = _pretrained_class(model)
     if attention == "flash_attention_2" and not getattr(cls, "_supports_flash_attn", False):
         attention = "sdpa"
     if attention == "sdpa" and not getattr(cls, "_supports_sdpa", False):
         return "eager"
     return attention
+
+
+def _pretrained_class(model: nn.Module) -> type:
+    """The transformers model class inside wrappers (PEFT): it says what attention it supports."""
+    from transformers import PreTrainedModel
+
+    for module in model.modules():
+        if isinstance(module, PreTrainedModel):
+            return type(module)
+    return type(model)
 
 
 def _run_implementation(model: nn.Module, implementation: str, on_meta: bool) -> str:
@@ -118,7 +128,7 @@ def _run_implementation(model: nn.Module, implementation: str, on_meta: bool) ->
     """
     if not on_meta or implementation != "flash_attention_2":
         return implementation
-    uses_interface = getattr(type(model), "_can_set_attn_implementation", lambda: False)()
+    uses_interface = getattr(_pretrained_class(model), "_can_set_attn_implementation", bool)()
     return FLASH_STAND_IN if uses_interface else "sdpa"
 
 
@@ -216,15 +226,18 @@ def _cast(model: nn.Module, dtype: torch.dtype) -> Iterator[None]:
     """Cast floating parameters and buffers to ``dtype`` like ``from_pretrained(dtype=)``.
 
     Modules in ``_keep_in_fp32_modules_strict`` (and ``_keep_in_fp32_modules``
-    under fp16) stay fp32, as transformers keeps them.  Original dtypes are
+    under fp16) stay fp32, as transformers keeps them.  When some parameters
+    are frozen (an adapter model such as PEFT's LoRA), the trainable ones keep
+    their dtype: PEFT keeps adapters in fp32 on purpose.  Original dtypes are
     restored afterwards (on meta this costs nothing).
     """
     import torch
 
     keep = _keep_fp32_names(model, dtype)
+    adapters = not all(p.requires_grad for p in model.parameters())
     originals: list[tuple[torch.Tensor, torch.dtype]] = []
     for name, tensor in (*model.named_parameters(), *model.named_buffers()):
-        if not tensor.is_floating_point():
+        if not tensor.is_floating_point() or (adapters and tensor.requires_grad):
             continue
         target = torch.float32 if any(part in keep for part in name.split(".")) else dtype
         if tensor.dtype != target:

@@ -99,19 +99,14 @@ class TierMemory:
     peak_bytes: int
 
 
-def static_memory(
-    layout: ParamLayout, workload: Workload, adapted: tuple[int, int]
-) -> StaticMemory:
-    """Weights by storage, plus gradients and optimizer states of what is trained.
-
-    ``adapted`` = (LoRA parameters, parameters of the adapted base linears).
-    """
+def static_memory(layout: ParamLayout, workload: Workload, lora_parameters: int) -> StaticMemory:
+    """Weights by storage, plus gradients and optimizer states of what is trained."""
     weights = _weight_bytes(layout, workload)
     if workload.method == "full":
         trainable = layout.total
         grad_bytes = DTYPE_BYTES[workload.weight_storage]
     else:
-        trainable = adapted[0]
+        trainable = lora_parameters
         grad_bytes = LORA_BYTES
         weights += trainable * LORA_BYTES
     return StaticMemory(

@@ -7,9 +7,11 @@ Trainer do exactly that, the hooks the worker must install, and why.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ckpt_core._errors import ModelConfigError
 from ckpt_core._gpus import gpu_memory_for, lookup_gpu
 from ckpt_core._tiers import (
     AUTO_FULL_THRESHOLD_GB,
@@ -27,6 +29,7 @@ from ckpt_core._training_args import (
     parse_transformers_version,
     trainer_settings,
 )
+from ckpt_core._workload import Workload
 
 # The newest behaviour we know, used when no version is given and none is installed.
 ASSUMED_TRANSFORMERS_VERSION = "5.24.0"
@@ -75,8 +78,19 @@ def make_plan(
     *,
     gpu: str | None = None,
     transformers_version: str | None = None,
+    model: Mapping[str, Any] | None = None,
+    workload: Mapping[str, Any] | Workload | None = None,
 ) -> Plan:
-    """Resolve a tier into a `Plan` (no model: ``auto`` uses the VRAM thresholds)."""
+    """Resolve a tier into a `Plan`.
+
+    Without a model, ``auto`` uses the seed's VRAM thresholds.  With ``model``
+    (``{"preset": NAME}`` or ``{"config": {...}}``) and ``workload`` (at least
+    ``seq_len``; see `Workload`), every tier is estimated (``Plan.estimate``)
+    and ``auto`` picks the cheapest tier whose peak fits the GPU memory less
+    the headroom - full when no GPU memory is given, or when nothing fits
+    (the reason then says what would).  Bad input raises the `CkptError`
+    subclass naming the field (``workload.seq_len``, ``model.preset``, ...).
+    """
     parsed = parse_tier(tier)
     memory = resolve_gpu_memory(gpu_memory_gb, gpu)
     version_text = transformers_version
@@ -84,21 +98,33 @@ def make_plan(
         version_text = installed_transformers_version() or ASSUMED_TRANSFORMERS_VERSION
     version = parse_transformers_version(version_text)
     gpu_name = lookup_gpu(gpu).name if gpu is not None else None
-    granularity = granularity_for(parsed, memory)
+    estimate: dict[str, Any] | None = None
+    if model is None:
+        if workload is not None:
+            raise ModelConfigError(
+                "a workload was given without a model: the estimate needs both", field="model"
+            )
+        granularity = granularity_for(parsed, memory)
+        why = _why_granularity(parsed, granularity, memory, gpu_name)
+        description = describe(parsed, memory)
+    else:
+        from ckpt_core._advise import advise  # the memory model: only when a model is given
+
+        advice = advise(parsed, model, workload, memory)
+        granularity, why = advice.granularity, advice.reason  # type: ignore[assignment]
+        description, estimate = advice.description, advice.estimate
     settings = trainer_settings(granularity, version)
     return Plan(
         tier=parsed,
         granularity=granularity,
         training_arguments=settings.training_arguments,
         hooks=settings.hooks,
-        description=describe(parsed, memory),
-        reason=(
-            f"{_why_granularity(parsed, granularity, memory, gpu_name)}; "
-            f"{_how(granularity, settings.hooks, version_text)}"
-        ),
+        description=description,
+        reason=f"{why}; {_how(granularity, settings.hooks, version_text)}",
         gpu_memory_gb=memory,
         gpu=gpu_name,
         transformers_version=version_text,
+        estimate=estimate,
     )
 
 
