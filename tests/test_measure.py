@@ -1,0 +1,184 @@
+"""The meta-device activation measurement: ground truth checks and its handling of models.
+
+- Counting: on CPU with real tensors, ``measure_activation_bytes`` agrees with
+  ``torch.distributed._tools.mem_tracker.MemTracker``'s activation category.
+- Meta stand-ins: the meta measurement agrees with the same model run with real
+  tensors on CPU, whose sdpa is a fused (flash) kernel keeping q, k, v, output
+  and log-sum-exp - for layouts where the CPU kernel writes its output the way
+  CUDA's does (separate q / k / v projections).
+- Hooks, dtype, training flag and transformers' patched function are left as
+  they were found; bad input is a clear error.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import masking_utils
+
+from ckpt_core import (
+    CheckpointConflictError,
+    InvalidGranularityError,
+    InvalidWorkloadError,
+    install_checkpoint_hooks,
+)
+from ckpt_core._hooks import is_hooked
+from ckpt_core._measure import measure_activation_bytes
+from tests._tiny_models import tiny_model
+
+TIERS = ("off", "selective", "medium", "full")
+BATCH, SEQ = 2, 64
+
+
+def _tiny(arch: str, attention: str, **overrides: object) -> torch.nn.Module:
+    sizes = {}
+    if arch in ("llama", "qwen3", "mixtral"):
+        sizes = {"hidden_size": 64, "intermediate_size": 176, "num_attention_heads": 4}
+    return tiny_model(arch, attn_implementation=attention, dropout=0.0, **{**sizes, **overrides})
+
+
+def _mem_tracker_activations(model: torch.nn.Module, granularity: str) -> int:
+    """MemTracker's ACT bytes alive after a training forward with labels (loss kept)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from ckpt_core import remove_checkpoint_hooks
+
+    if granularity != "off":
+        install_checkpoint_hooks(model, granularity)
+    ids = torch.randint(3, 90, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
+    tracker = MemTracker()
+    tracker.track_external(model)
+    try:
+        with tracker:
+            kwargs = {} if model.config.model_type == "bert" else {"use_cache": False}
+            loss = model(input_ids=ids, labels=ids, **kwargs).loss
+            snapshot = tracker.get_tracker_snapshot()
+        del loss
+    finally:
+        remove_checkpoint_hooks(model)
+    (device,) = (key for key in snapshot if key.type == "cpu")
+    return next(value for key, value in snapshot[device].items() if str(key).endswith("ACT"))
+
+
+@pytest.mark.parametrize(
+    ("arch", "attention"),
+    [("llama", "eager"), ("llama", "sdpa"), ("gpt2", "eager"), ("t5", "sdpa"), ("bert", "sdpa")],
+)
+def test_counting_agrees_with_mem_tracker_on_cpu(arch: str, attention: str) -> None:
+    model = _tiny(arch, attention).float()
+    for tier in TIERS:
+        ours = measure_activation_bytes(
+            model, tier, seq_len=SEQ, micro_batch_size=BATCH, dtype="fp32", attention=attention
+        )
+        tracked = _mem_tracker_activations(model, tier)
+        assert ours == pytest.approx(tracked, rel=0.02), tier
+
+
+@pytest.mark.parametrize(
+    ("arch", "attention", "kv_heads"),
+    [("llama", "sdpa", 4), ("llama", "sdpa", 2), ("llama", "eager", 2), ("qwen3", "sdpa", 2)],
+)
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_meta_agrees_with_real_tensors_on_cpu(
+    arch: str, attention: str, kv_heads: int, dtype: str
+) -> None:
+    real = _tiny(arch, attention, num_key_value_heads=kv_heads)
+    meta = copy.deepcopy(real).to("meta")
+    for tier in TIERS:
+        measured = [
+            measure_activation_bytes(
+                model, tier, seq_len=SEQ, micro_batch_size=BATCH, dtype=dtype, attention=attention
+            )
+            for model in (real, meta)
+        ]
+        assert measured[1] == pytest.approx(measured[0], rel=0.02), tier
+
+
+def test_fused_attention_keeps_no_scores_and_eager_does() -> None:
+    """Doubling the sequence doubles fused activations; eager grows faster (s x s)."""
+    growth = {}
+    for attention in ("sdpa", "eager"):
+        model = _tiny("llama", attention, num_layers=1).to("meta")
+        small, large = (
+            measure_activation_bytes(
+                model, "off", seq_len=s, micro_batch_size=1, attention=attention
+            )
+            for s in (512, 1024)
+        )
+        growth[attention] = large / small
+    assert growth["sdpa"] == pytest.approx(2.0, rel=0.01)
+    assert growth["eager"] > 2.5
+
+
+def test_meta_dropout_keeps_one_byte_masks() -> None:
+    """CUDA's fused dropout keeps a bool mask: each GPT-2 dropout adds one byte per element."""
+    sizes = {}
+    for p in (0.0, 0.1):
+        model = tiny_model("gpt2", attn_implementation="sdpa", num_layers=1, dropout=p).to("meta")
+        sizes[p] = measure_activation_bytes(model, "off", seq_len=SEQ, micro_batch_size=BATCH)
+    hidden = model.config.n_embd
+    # embedding dropout, attention residual dropout, MLP dropout (attention's own is fused)
+    assert sizes[0.1] - sizes[0.0] == 3 * BATCH * SEQ * hidden
+
+
+def test_installs_and_removes_its_own_hooks_and_restores_the_model() -> None:
+    model = _tiny("llama", "sdpa").to("meta")
+    dtypes = {name: p.dtype for name, p in model.named_parameters()}
+    model.eval()
+    original = masking_utils.find_packed_sequence_indices
+    measure_activation_bytes(model, "full", seq_len=SEQ, micro_batch_size=1, dtype="bf16")
+    assert not any(is_hooked(module) for module in model.modules())
+    assert {name: p.dtype for name, p in model.named_parameters()} == dtypes
+    assert not model.training
+    assert masking_utils.find_packed_sequence_indices is original
+
+
+def test_uses_hooks_already_installed_for_the_same_granularity() -> None:
+    model = _tiny("llama", "sdpa").to("meta")
+    fresh = measure_activation_bytes(model, "medium", seq_len=SEQ, micro_batch_size=1)
+    report = install_checkpoint_hooks(model, "medium")
+    assert measure_activation_bytes(model, "medium", seq_len=SEQ, micro_batch_size=1) == fresh
+    assert sorted(n for n, m in model.named_modules() if is_hooked(m)) == sorted(report.hooked)
+
+
+def test_hooks_for_another_granularity_or_off_are_errors() -> None:
+    model = _tiny("llama", "sdpa").to("meta")
+    install_checkpoint_hooks(model, "selective")
+    for granularity in ("full", "off", None):
+        with pytest.raises(InvalidGranularityError) as raised:
+            measure_activation_bytes(model, granularity, seq_len=SEQ, micro_batch_size=1)
+        assert raised.value.field == "granularity"
+    assert sum(1 for m in model.modules() if is_hooked(m)) == 3  # the caller's, untouched
+
+
+def test_hf_checkpointing_on_is_a_conflict() -> None:
+    model = _tiny("llama", "sdpa").to("meta")
+    model.activation_checkpointing_enable()
+    with pytest.raises(CheckpointConflictError):
+        measure_activation_bytes(model, "off", seq_len=SEQ, micro_batch_size=1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"seq_len": 0, "micro_batch_size": 1}, "workload.seq_len"),
+        ({"seq_len": 8, "micro_batch_size": True}, "workload.micro_batch_size"),
+        ({"seq_len": 8, "micro_batch_size": 1, "dtype": "fp8"}, "workload.dtype"),
+        ({"seq_len": 8, "micro_batch_size": 1, "attention": "flex"}, "workload.attention"),
+        ({"seq_len": 4096, "micro_batch_size": 1}, "workload.seq_len"),  # GPT-2 has 64 positions
+    ],
+)
+def test_bad_sizes_are_workload_errors(kwargs: dict[str, object], field: str) -> None:
+    model = tiny_model("gpt2", num_layers=1).to("meta")
+    with pytest.raises(InvalidWorkloadError) as raised:
+        measure_activation_bytes(model, "off", **kwargs)  # type: ignore[arg-type]
+    assert raised.value.field == field
+
+
+@pytest.mark.parametrize("granularity", ["fulll", "", 1, "attention"])
+def test_bad_granularity_is_an_error(granularity: object) -> None:
+    model = _tiny("llama", "sdpa").to("meta")
+    with pytest.raises(InvalidGranularityError):
+        measure_activation_bytes(model, granularity, seq_len=SEQ, micro_batch_size=1)  # type: ignore[arg-type]
