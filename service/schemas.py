@@ -117,13 +117,16 @@ class ResolveRequest(_Request):
     gpu_memory_gb: GpuMemoryField = None
     gpu: GpuField = None
     transformers_version: TransformersVersionField = None
-    model: ModelSpec | None = Field(None, description="The model, for a per-tier estimate.")
+    model: ModelSpec | None = Field(
+        None, description="The model; with a workload, every tier is estimated."
+    )
     workload: Annotated[
         Any,
         WithJsonSchema(_OBJECT_OR_NULL),
         Field(
-            description="The training step: seq_len (required), micro_batch_size, dtype, "
-            "weights, method, lora_rank, lora_targets, optimizer, attention, headroom.",
+            description="The training step (required with a model): seq_len (required), "
+            "micro_batch_size, dtype, weights, method, lora_rank, lora_targets, optimizer, "
+            "attention, headroom.",
             examples=[{"seq_len": 4096, "micro_batch_size": 2, "method": "lora"}],
         ),
     ] = None
@@ -190,8 +193,8 @@ class PlanResponse(_Response):
     gpu: str | None = Field(description="Canonical GPU name when one was given.")
     transformers_version: str
     estimate: dict[str, Any] | None = Field(
-        description="Per-tier memory estimate when a model was given (null until the "
-        "memory model lands)."
+        description="With a model and workload: the assumptions and, per tier, the "
+        "activation and peak bytes and whether it fits; else null."
     )
 
 

@@ -48,16 +48,15 @@ def test_resolve_answers_the_plan_of_ckpt_core(
     assert response.json() == json.loads(json.dumps(expected))
 
 
-def test_resolve_with_a_model_and_workload_validates_them(api: TestClient) -> None:
-    body = {
-        "tier": "auto",
-        "gpu": "A100-80GB",
-        "model": {"preset": "llama-3.2-1b"},
-        "workload": {"seq_len": 2048, "method": "lora"},
-    }
+def test_resolve_with_a_model_and_workload_answers_the_estimate(api: TestClient) -> None:
+    model = {"preset": "llama-3.2-1b"}
+    workload = {"seq_len": 2048, "micro_batch_size": 2, "method": "lora"}
+    body = {"tier": "auto", "gpu": "A100-80GB", "model": model, "workload": workload}
     response = api.post("/resolve", json=body)
     assert response.status_code == 200, response.text
-    assert response.json()["granularity"] == "medium"
+    expected = ckpt_core.make_plan("auto", gpu="A100-80GB", model=model, workload=workload)
+    assert response.json() == json.loads(json.dumps(expected.to_dict()))
+    assert set(response.json()["estimate"]["tiers"]) == {"off", "selective", "medium", "full"}
     bad_workload = {**body, "workload": {"seq_len": 2048, "method": "prefix"}}
     _error(api.post("/resolve", json=bad_workload), 422, "invalid_workload", "workload.method")
 
@@ -120,8 +119,10 @@ LARGE_CONFIG = {**TINY_CONFIG, "num_hidden_layers": 100_000}
         ),
         ({"tier": "auto", "model": {}}, 422, "invalid_model_config", "model"),
         ({"tier": "auto", "model": {"preset": 7}}, 422, "invalid_request", "model.preset"),
+        ({"tier": "auto", "workload": {"seq_len": 512}}, 422, "invalid_model_config", "model"),
+        ({"tier": "auto", "model": {"preset": "gpt2"}}, 422, "invalid_workload", "workload"),
         (
-            {"tier": "auto", "workload": {"micro_batch_size": 2}},
+            {"tier": "auto", "model": {"preset": "gpt2"}, "workload": {"micro_batch_size": 2}},
             422,
             "invalid_workload",
             "workload.seq_len",

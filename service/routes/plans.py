@@ -10,7 +10,6 @@ from starlette.concurrency import run_in_threadpool
 
 from ckpt_core._models import ConfigLimits, load_model_config
 from ckpt_core._plan import Plan, make_plan
-from ckpt_core._workload import Workload
 from service.jsonbody import StrictJSONRoute
 from service.negotiation import prefers_text
 from service.schemas import DescribeResponse, PlanResponse, ResolveRequest, error_responses
@@ -19,15 +18,16 @@ router = APIRouter(route_class=StrictJSONRoute, tags=["plans"])
 
 
 def plan_for(body: ResolveRequest, limits: ConfigLimits) -> Plan:
-    """The plan for a request; a model and workload are validated (no estimate yet)."""
-    plan = make_plan(
-        body.tier, body.gpu_memory_gb, gpu=body.gpu, transformers_version=body.transformers_version
+    """`make_plan` for a request; a model is checked against the service's bounds first."""
+    model = load_model_config(body.model.as_mapping(), limits=limits) if body.model else None
+    return make_plan(
+        body.tier,
+        body.gpu_memory_gb,
+        gpu=body.gpu,
+        transformers_version=body.transformers_version,
+        model=model,  # a validated ModelConfig: the estimate does not parse it again
+        workload=body.workload,
     )
-    if body.model is not None:
-        load_model_config(body.model.as_mapping(), limits=limits)
-    if body.workload is not None:
-        Workload.from_dict(body.workload)
-    return plan
 
 
 @router.post(
@@ -40,7 +40,8 @@ async def resolve(body: ResolveRequest, request: Request) -> Any:
     limits: ConfigLimits = request.app.state.settings.config_limits
     if body.model is None:
         return plan_for(body, limits).to_dict()
-    # Config validation imports a model family's code on first use: not on the loop.
+    # A model's validation and estimate take milliseconds (more on a family's
+    # first use, which imports its config code): not on the event loop.
     return (await run_in_threadpool(plan_for, body, limits)).to_dict()
 
 
