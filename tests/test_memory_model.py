@@ -1,0 +1,237 @@
+"""The memory model: exact parameter counts, closed-form activations vs the meta measurement,
+storage and optimizer arithmetic, LoRA through PEFT, recompute FLOPs vs FlopCounterMode.
+
+The closed form writes down what each op keeps, so it agrees with the meta
+measurement to well under the 10% the contract asks; the tests hold it to 2%
+to catch regressions.  The bench (``bench/estimate.py``) covers every preset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import pytest
+import torch
+
+from ckpt_core import InvalidWorkloadError
+from ckpt_core._activations import activation_bytes
+from ckpt_core._advise import Run, model_facts, parse_workload, prepare
+from ckpt_core._arch import NO_FLASH, NO_SDPA, arch_of
+from ckpt_core._flops import recompute_ratio
+from ckpt_core._ledger import Step
+from ckpt_core._measure import measure_activation_bytes
+from ckpt_core._models import build_meta_model, count_parameters, load_model_config
+from ckpt_core._presets import preset_names
+from tests._tiny_models import tiny_model
+
+TIERS = ("off", "selective", "medium", "full")
+TOLERANCE = 0.02  # the contract is 10%
+
+
+@functools.cache
+def meta_model(preset: str, attention: str = "sdpa") -> torch.nn.Module:
+    config = load_model_config({"preset": preset})
+    try:
+        return build_meta_model(config, attention=attention)
+    except Exception:  # no sdpa for this architecture (Gemma 2): transformers runs eager
+        return build_meta_model(config, attention="eager")
+
+
+def run_for(preset: str, **workload: Any) -> Run:
+    return prepare(model_facts({"preset": preset}), parse_workload(workload))
+
+
+def assert_estimate_matches(preset: str, tiers: tuple[str, ...] = TIERS, **workload: Any) -> None:
+    run = run_for(preset, **workload)
+    model = meta_model(preset, workload.get("attention", "sdpa"))
+    for tier in tiers:
+        measured = measure_activation_bytes(
+            model,
+            tier,
+            seq_len=workload["seq_len"],
+            micro_batch_size=workload.get("micro_batch_size", 1),
+            dtype=workload.get("dtype", "bf16"),
+            attention=workload.get("attention", "sdpa"),
+        )
+        estimated = activation_bytes(run.facts.arch, run.step, tier)
+        assert estimated == pytest.approx(measured, rel=TOLERANCE), (preset, workload, tier)
+
+
+@pytest.mark.parametrize("preset", preset_names())
+def test_parameter_count_is_exact_for_every_preset(preset: str) -> None:
+    assert model_facts({"preset": preset}).layout.total == count_parameters(meta_model(preset))
+
+
+@pytest.mark.parametrize("preset", preset_names())
+def test_attention_support_table_matches_the_model_classes(preset: str) -> None:
+    cls = type(meta_model(preset))
+    model_type = model_facts({"preset": preset}).arch.model_type
+    assert (model_type not in NO_SDPA) == cls._supports_sdpa
+    assert (model_type not in NO_FLASH) == cls._supports_flash_attn
+
+
+# One preset per family and feature: dense GQA, MoE, sliding window + fused qkv,
+# sandwich norms + one kv head + sliding window, OLMo-2 q/k norms, parallel MQA
+# (Falcon), a vision-language model, encoder-decoder.  GPT-2 and BERT stop at
+# their learned positions.
+REPRESENTATIVE = (
+    "llama-3.2-1b",
+    "qwen3-30b-a3b",
+    "phi-3-mini",
+    "gemma-3-1b",
+    "olmo-2-7b",
+    "falcon-7b",
+    "gemma-3-4b",
+    "t5-base",
+)
+
+
+@pytest.mark.parametrize("preset", REPRESENTATIVE)
+@pytest.mark.parametrize("seq_len", [1024, 4096, 16384])
+def test_estimate_matches_meta_measurement(preset: str, seq_len: int) -> None:
+    assert_estimate_matches(preset, seq_len=seq_len)
+
+
+@pytest.mark.parametrize(("preset", "seq_len"), [("gpt2", 1024), ("bert-base-uncased", 512)])
+def test_estimate_matches_with_learned_positions_and_dropout(preset: str, seq_len: int) -> None:
+    assert_estimate_matches(preset, seq_len=seq_len)
+
+
+@pytest.mark.parametrize(
+    "workload",
+    [
+        {"attention": "eager", "micro_batch_size": 2},
+        {"attention": "flash_attention_2"},
+        {"dtype": "fp32", "micro_batch_size": 2},
+    ],
+)
+@pytest.mark.parametrize("preset", ["gemma-2-9b", "phi-3-mini", "t5-base"])
+def test_estimate_matches_other_attention_dtype_batch(preset: str, workload: dict) -> None:
+    assert_estimate_matches(preset, seq_len=2048, **workload)
+
+
+@pytest.mark.parametrize("targets", [None, ["q_proj", "v_proj"]])
+def test_lora_matches_peft_on_meta(targets: list[str] | None) -> None:
+    """PEFT's LoRA on the meta model: same trainable parameters, activations within 2%."""
+    from peft import LoraConfig, get_peft_model
+
+    config = load_model_config({"preset": "llama-3.2-1b"})
+    base = build_meta_model(config, attention="sdpa").to(torch.bfloat16)
+    lora = LoraConfig(r=16, target_modules=targets or "all-linear", lora_dropout=0.0)
+    peft_model = get_peft_model(base, lora)
+    workload = {"seq_len": 1024, "method": "lora", "lora_rank": 16}
+    if targets:
+        workload["lora_targets"] = targets
+    run = run_for("llama-3.2-1b", **workload)
+    trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    assert run.static.trainable_parameters == trainable
+    for tier in TIERS:
+        measured = measure_activation_bytes(peft_model, tier, seq_len=1024, micro_batch_size=1)
+        estimated = activation_bytes(run.facts.arch, run.step, tier)
+        assert estimated == pytest.approx(measured, rel=TOLERANCE), tier
+
+
+def test_llama2_7b_calibration_45_5_sbh_per_layer() -> None:
+    """DESIGN 4: Llama-2-7B, bf16, fused attention keeps ~45.5 x s x b x h bytes per layer."""
+    arch = model_facts({"preset": "llama-2-7b"}).arch
+    fewer = dataclasses.replace(
+        arch,
+        layers=arch.layers - 1,
+        sliding_layers=arch.sliding_layers[:-1],
+        moe_layers=arch.moe_layers[:-1],
+    )
+    step = Step(batch=2, seq=4096, dtype_bytes=2, attention="fused")
+    per_layer = activation_bytes(arch, step, "off") - activation_bytes(fewer, step, "off")
+    assert per_layer / (2 * 4096 * arch.hidden) == pytest.approx(45.5, abs=0.05)
+
+
+def test_weight_storage_orders_and_nf4_overhead() -> None:
+    sizes = {
+        weights: run_for(
+            "llama-3.1-8b",
+            seq_len=1024,
+            method="qlora" if weights in ("int8", "nf4") else "lora",
+            weights=weights,
+        ).static
+        for weights in ("fp32", "bf16", "int8", "nf4")
+    }
+    adapters = sizes["bf16"].trainable_parameters * 4
+    weights = {name: static.weights - adapters for name, static in sizes.items()}
+    assert weights["fp32"] == 2 * weights["bf16"]
+    assert weights["nf4"] < weights["int8"] < weights["bf16"]
+    layout = model_facts({"preset": "llama-3.1-8b"}).layout
+    quantized = sum(linear.weights for linear in layout.linears)
+    kept = layout.total - quantized
+    bits = (weights["nf4"] - 2 * kept) * 8 / quantized
+    assert bits == pytest.approx(
+        4.127, abs=0.001
+    )  # 4 bits + 8-bit absmax per 64 + fp32 per 256 blocks
+
+
+def test_optimizer_states_by_optimizer_and_method() -> None:
+    statics = {
+        optimizer: run_for("llama-3.2-1b", seq_len=1024, optimizer=optimizer).static
+        for optimizer in ("adamw", "adamw_8bit", "sgd")
+    }
+    params = statics["adamw"].trainable_parameters
+    assert statics["adamw"].optimizer == 2 * statics["adamw"].gradients  # two states, param dtype
+    assert (
+        statics["adamw"].optimizer > statics["adamw_8bit"].optimizer > statics["sgd"].optimizer == 0
+    )
+    assert statics["adamw_8bit"].optimizer >= 2 * params
+    lora = run_for("llama-3.2-1b", seq_len=1024, method="lora").static
+    assert lora.gradients == 4 * lora.trainable_parameters  # fp32 adapters
+    assert lora.trainable_parameters < params / 50
+
+
+@pytest.mark.parametrize(
+    ("workload", "field"),
+    [
+        ({"seq_len": 1024, "weights": "nf4"}, "workload.weights"),  # full FT of 4-bit weights
+        ({"seq_len": 1024, "method": "lora", "lora_targets": ["wq"]}, "workload.lora_targets"),
+        ({"seq_len": 0}, "workload.seq_len"),
+    ],
+)
+def test_workloads_the_model_cannot_run_are_errors(workload: dict, field: str) -> None:
+    with pytest.raises(InvalidWorkloadError) as raised:
+        run_for("llama-3.2-1b", **workload)
+    assert raised.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("arch", "dropout"),
+    [
+        ("llama", 0.0),
+        ("gemma2", 0.0),
+        ("gpt2", 0.1),
+        ("bert", 0.1),
+        ("t5", 0.0),
+        ("t5", 0.1),
+        ("falcon", 0.0),
+    ],
+)
+def test_recompute_flops_ratio_matches_flop_counter(arch: str, dropout: float) -> None:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from ckpt_core import install_checkpoint_hooks, remove_checkpoint_hooks
+
+    model = tiny_model(arch, attn_implementation="eager", dropout=dropout)
+    ids = torch.randint(3, 90, (2, 32), generator=torch.Generator().manual_seed(0))
+    kwargs = {} if arch == "bert" else {"use_cache": False}
+
+    def flops(tier: str) -> int:
+        if tier != "off":
+            install_checkpoint_hooks(model, tier)
+        with FlopCounterMode(display=False) as counter:
+            model(input_ids=ids, labels=ids, **kwargs).loss.backward()
+        remove_checkpoint_hooks(model)
+        model.zero_grad(set_to_none=True)
+        return counter.get_total_flops()
+
+    base = flops("off")
+    step = Step(batch=2, seq=32, dtype_bytes=4, attention="eager")
+    for tier in ("selective", "medium", "full"):
+        expected = recompute_ratio(arch_of(model.config), step, tier)
+        assert expected == pytest.approx(flops(tier) / base, rel=0.02), tier
