@@ -1,0 +1,195 @@
+"""make_plan with a model and a workload: the estimate, model-aware auto, and its errors.
+
+auto must be monotonic (more GPU memory never a costlier tier, a shorter
+sequence never a costlier tier), its tier must fit, and when nothing fits the
+alternatives it names must really fit.  Without a model nothing changes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+
+from ckpt_core import InvalidWorkloadError, ModelConfigError, make_plan
+from ckpt_core._tiers import auto_granularity_by_memory
+
+COST = {None: 0, "selective": 1, "medium": 2, "full": 3}
+TIERS = ("off", "selective", "medium", "full")
+CASES = [
+    ({"preset": "llama-3.1-8b"}, {"seq_len": 4096}),
+    ({"preset": "qwen2.5-0.5b"}, {"seq_len": 8192, "micro_batch_size": 4}),
+    ({"preset": "qwen3-30b-a3b"}, {"seq_len": 2048, "method": "qlora"}),
+    ({"preset": "phi-3-mini"}, {"seq_len": 4096, "attention": "eager", "method": "lora"}),
+]
+
+
+def plan(tier: str = "auto", gpu_memory_gb: float | None = 80.0, **kwargs: Any) -> Any:
+    return make_plan(tier, gpu_memory_gb, **kwargs)
+
+
+@pytest.mark.parametrize(("model", "workload"), CASES)
+def test_more_gpu_memory_never_gives_a_costlier_tier(model: dict, workload: dict) -> None:
+    costs = [
+        COST[plan(gpu_memory_gb=gib, model=model, workload=workload).granularity]
+        for gib in (8, 16, 24, 40, 48, 80, 96, 141, 192, 400, 1000)
+    ]
+    assert costs == sorted(costs, reverse=True)
+    assert len(set(costs)) > 1  # the sweep crosses at least one boundary
+
+
+@pytest.mark.parametrize(("model", "workload"), CASES)
+def test_a_shorter_sequence_never_gives_a_costlier_tier(model: dict, workload: dict) -> None:
+    costs = [
+        COST[plan(gpu_memory_gb=48, model=model, workload={**workload, "seq_len": s}).granularity]
+        for s in (256, 1024, 2048, 4096, 8192, 16384, 32768)
+    ]
+    assert costs == sorted(costs)
+
+
+@pytest.mark.parametrize(("model", "workload"), CASES)
+@pytest.mark.parametrize("gib", [24, 80, 141])
+def test_the_chosen_tier_fits_and_no_cheaper_one_does(
+    model: dict, workload: dict, gib: int
+) -> None:
+    result = plan(gpu_memory_gb=gib, model=model, workload=workload)
+    tiers = result.estimate["tiers"]
+    chosen = result.granularity or "off"
+    if "nothing fits" in result.reason:
+        assert chosen == "full"
+        assert not any(row["fits"] for row in tiers.values())
+        return
+    budget = gib * 2**30 * (1 - result.estimate["assumptions"]["headroom"])
+    assert tiers[chosen]["fits"] and tiers[chosen]["peak_bytes"] <= budget
+    assert not any(tiers[t]["fits"] for t in TIERS[: TIERS.index(chosen)])
+
+
+def test_nothing_fits_says_so_and_its_alternatives_fit() -> None:
+    # a 1B model with a 128k vocabulary: the fp32 logits of 64k tokens dominate
+    model, workload = {"preset": "llama-3.2-1b"}, {"seq_len": 4096, "micro_batch_size": 16}
+    result = plan(gpu_memory_gb=24, model=model, workload=workload)
+    assert result.granularity == "full"
+    assert "nothing fits" in result.reason and "GiB" in result.reason
+    seq = int(re.search(r"seq_len <= (\d+) fits", result.reason).group(1))
+    batch = int(re.search(r"micro_batch_size <= (\d+) fits", result.reason).group(1))
+    shorter = plan(gpu_memory_gb=24, model=model, workload={**workload, "seq_len": seq})
+    assert shorter.estimate["tiers"]["full"]["fits"]
+    longer = plan(gpu_memory_gb=24, model=model, workload={**workload, "seq_len": seq + 1})
+    assert not longer.estimate["tiers"]["full"]["fits"]  # the largest that fits, not a guess
+    smaller = plan(gpu_memory_gb=24, model=model, workload={**workload, "micro_batch_size": batch})
+    assert smaller.estimate["tiers"]["full"]["fits"]
+    qlora = plan(gpu_memory_gb=24, model=model, workload={**workload, "method": "qlora"})
+    assert ("QLoRA (4-bit nf4 base) fits" in result.reason) == any(
+        row["fits"] for row in qlora.estimate["tiers"].values()
+    )
+
+
+def test_without_gpu_memory_auto_is_full_and_says_why() -> None:
+    result = plan(gpu_memory_gb=None, model={"preset": "llama-3.2-1b"}, workload={"seq_len": 512})
+    assert result.granularity == "full"
+    assert "no GPU memory" in result.reason
+    assert all(row["fits"] is None for row in result.estimate["tiers"].values())
+
+
+def test_explicit_tiers_keep_the_tier_and_carry_the_estimate() -> None:
+    for tier, granularity in (("off", None), ("selective", "selective"), ("full", "full")):
+        result = plan(tier, 24, model={"preset": "llama-3.1-8b"}, workload={"seq_len": 4096})
+        assert result.granularity == granularity
+        assert set(result.estimate["tiers"]) == set(TIERS)
+        assert "does NOT fit" in result.reason  # 8B full fine-tune on 24 GiB
+
+
+def test_selective_saving_little_is_said_for_fused_attention_only() -> None:
+    workload = {"seq_len": 4096}
+    fused = plan("selective", model={"preset": "llama-3.1-8b"}, workload=workload)
+    eager = plan(
+        "selective", model={"preset": "llama-3.1-8b"}, workload={**workload, "attention": "eager"}
+    )
+    assert "selective saves only" in fused.reason
+    assert "selective saves only" not in eager.reason
+    tiers = eager.estimate["tiers"]
+    assert tiers["selective"]["activation_bytes"] < tiers["off"]["activation_bytes"] / 2
+
+
+def test_estimate_shape_assumptions_and_json() -> None:
+    result = make_plan(
+        "medium", gpu="H100-80GB", model={"preset": "gemma-2-9b"}, workload={"seq_len": 2048}
+    )
+    estimate = result.estimate
+    assert set(estimate) == {"assumptions", "tiers"}
+    for row in estimate["tiers"].values():
+        assert set(row) == {"activation_bytes", "peak_bytes", "recompute_flops_ratio", "fits"}
+    assumptions = estimate["assumptions"]
+    assert assumptions["workload"]["weights"] == "bf16"  # defaults applied
+    assert assumptions["workload"]["micro_batch_size"] == 1
+    assert assumptions["gpu_memory_gb"] == result.gpu_memory_gb
+    assert assumptions["headroom"] == 0.1
+    assert assumptions["attention_kernel"] == "eager"  # Gemma 2 has no sdpa in transformers
+    assert "gemma2" in assumptions["attention_note"]
+    ratios = [estimate["tiers"][t]["recompute_flops_ratio"] for t in TIERS]
+    assert ratios[0] == 1.0 and all(r > 1.0 for r in ratios[1:])
+    json.dumps(result.to_dict())
+
+
+@pytest.mark.parametrize("gib", [None, 8, 24, 24.0001, 80, 80.5, 200])
+def test_without_a_model_the_seed_thresholds_hold(gib: float | None) -> None:
+    result = make_plan("auto", gib)
+    assert result.granularity == auto_granularity_by_memory(gib)
+    assert result.estimate is None
+
+
+@pytest.mark.parametrize(
+    ("workload", "field"),
+    [
+        ({"seq_len": 0}, "workload.seq_len"),
+        ({}, "workload.seq_len"),
+        ({"seq_len": 1024, "sequence": 2}, "workload.sequence"),
+        ({"seq_len": 1024, "dtype": "int4"}, "workload.dtype"),
+        ({"seq_len": 1024, "micro_batch_size": 1.5}, "workload.micro_batch_size"),
+        ({"seq_len": 1024, "headroom": 1.5}, "workload.headroom"),
+        ({"seq_len": 1024, "method": "qlora", "weights": "bf16"}, "workload.weights"),
+        (
+            {"seq_len": 1024, "method": "lora", "lora_targets": ["not_a_layer"]},
+            "workload.lora_targets",
+        ),
+        ({"seq_len": 2048}, "workload.seq_len"),  # GPT-2: 1024 learned positions
+        ("seq_len=1024", "workload"),
+        (None, "workload"),
+    ],
+)
+def test_bad_workloads_are_errors_naming_the_field(workload: Any, field: str) -> None:
+    with pytest.raises(InvalidWorkloadError) as raised:
+        plan(model={"preset": "gpt2"}, workload=workload)
+    assert raised.value.field == field
+
+
+def test_a_workload_without_a_model_is_an_error() -> None:
+    with pytest.raises(ModelConfigError) as raised:
+        plan(workload={"seq_len": 1024})
+    assert raised.value.field == "model"
+
+
+def test_a_model_type_without_a_memory_model_is_an_error() -> None:
+    config = {
+        "model_type": "opt",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "ffn_dim": 128,
+        "vocab_size": 100,
+    }
+    with pytest.raises(ModelConfigError) as raised:
+        plan(model={"config": config}, workload={"seq_len": 128})
+    assert raised.value.field == "model.config.model_type"
+    assert "llama" in raised.value.message  # names what is supported
+
+
+def test_an_inline_config_equal_to_a_preset_gives_the_same_estimate() -> None:
+    from ckpt_core._presets import load_preset
+
+    workload = {"seq_len": 2048}
+    by_name = plan(model={"preset": "qwen2.5-1.5b"}, workload=workload)
+    inline = plan(model={"config": load_preset("qwen2.5-1.5b")}, workload=workload)
+    assert inline.estimate == by_name.estimate
