@@ -270,9 +270,13 @@ def attention_core(
     scores = batch * arch.heads * seq * seq
     led.keep(q_name, e * tokens * q)
     if step.attention == "eager":
-        # matmul keeps full-head copies of k and v (repeat_kv, or the reshape of a view)
-        led.keep("attn.k_full", e * tokens * q)
-        led.keep("attn.v_full", e * tokens * q)
+        if 1 < arch.kv_heads < arch.heads or batch > 1:
+            # repeat_kv copies, or matmul's reshape of (batch, heads) copies the views
+            led.keep("attn.k_full", e * tokens * q)
+            led.keep("attn.v_full", e * tokens * q)
+        else:  # batch 1: matmul reshapes the views (one kv head: a stride-0 expand) as they are
+            led.keep(k_name, e * tokens * kv)
+            led.keep(v_name, v_bytes)
         if arch.attn_softcap:
             led.keep("attn.tanh", e * scores)
         softmax_bytes = 4 if softmax_fp32 else e
