@@ -204,8 +204,8 @@ def mask_kind(arch: Arch, step: Step, sliding: bool) -> str | None:
     suffix = "sliding" if window else "full"
     if arch.family == "bert":  # bidirectional without padding: no mask at all
         return None
-    if step.attention == "eager":
-        return f"eager.{suffix}"
+    if step.attention == "eager":  # a mask per layer type, whatever the length
+        return f"eager.{'sliding' if sliding else 'full'}"
     if step.attention == "fused" and (window or arch.family == "falcon"):
         return f"bool.{suffix}"
     return None
