@@ -136,7 +136,7 @@ def _falcon_block(arch: Arch, step: Step, mode: str, kind: int) -> Ledger:
         _falcon_attention(led, arch, step, attn_in)
     if not arch.parallel_attn:
         mlp_in = norm(led, step, "mid", "ln_mlp", kind="layer", rows=rows, width=h)
-    elif arch.extra["norms"] == 2:
+    elif arch.falcon_norms == 2:
         mlp_in = norm(led, step, "in", "ln_mlp", kind="layer", rows=rows, width=h)
     else:
         mlp_in = attn_in  # one norm feeds both branches

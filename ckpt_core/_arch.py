@@ -12,7 +12,7 @@ Pure Python: reads attributes of the config object it is given.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from ckpt_core._errors import ModelConfigError
@@ -104,12 +104,11 @@ class Arch:
     positions: int = 0  # learned absolute position rows
     type_vocab: int = 0
     relative_buckets: int = 0
-    multi_query: bool = False  # Falcon-7B: one k/v head
-    parallel_attn: bool = False
+    parallel_attn: bool = False  # Falcon: attention and MLP side by side
+    falcon_norms: int = 0  # LayerNorms per Falcon block (1 or 2)
     bias: bool = False  # every linear has a bias (GPT-2, BERT, Falcon with bias=True)
-    scaled_embeddings: bool = False  # Gemma multiplies the embeddings by sqrt(hidden)
+    mlp_bias: bool = False  # Llama-style ``mlp_bias``
     vision: Vision | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def is_moe(self) -> bool:
@@ -136,14 +135,8 @@ def arch_of(config: Any) -> Arch:
     parse = {"decoder": _decoder, "gpt2": _gpt2, "falcon": _falcon, "bert": _bert, "t5": _t5}
     arch = parse[family](text, model_type)
     if vision is not None:
-        arch = _replace(arch, vision=vision)
+        arch = replace(arch, vision=vision)
     return arch
-
-
-def _replace(arch: Arch, **changes: Any) -> Arch:
-    from dataclasses import replace
-
-    return replace(arch, **changes)
 
 
 def _int(config: Any, *names: str, default: int | None = None) -> int:
@@ -222,8 +215,7 @@ def _decoder(config: Any, model_type: str) -> Arch:
         attn_dropout=float(getattr(config, "attention_dropout", 0.0) or 0.0),
         hidden_dropout=float(getattr(config, "resid_pdrop", 0.0) or 0.0),
         embed_dropout=float(getattr(config, "embd_pdrop", 0.0) or 0.0),
-        scaled_embeddings=gemma,
-        extra={"mlp_bias": bool(getattr(config, "mlp_bias", False))},
+        mlp_bias=bool(getattr(config, "mlp_bias", False)),
     )
 
 
@@ -289,10 +281,9 @@ def _falcon(config: Any, model_type: str) -> Arch:
         norm="layer",
         attn_dropout=float(config.attention_dropout or 0.0),
         hidden_dropout=float(config.hidden_dropout or 0.0),
-        multi_query=not new and bool(config.multi_query),
         parallel_attn=bool(config.parallel_attn) or new,
+        falcon_norms=_falcon_norms(config, new),
         bias=bool(config.bias),
-        extra={"new_architecture": new, "norms": _falcon_norms(config, new)},
     )
 
 

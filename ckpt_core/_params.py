@@ -90,7 +90,7 @@ def _decoder(arch: Arch) -> ParamLayout:
     )
     o_bias = arch.qkv_bias and arch.model_type != "qwen2"  # Qwen2: q/k/v biases only
     attention.append(Linear("self_attn.o_proj", q, h, n, o_bias))
-    mlp_bias = bool(arch.extra.get("mlp_bias"))
+    mlp_bias = arch.mlp_bias
     inter = arch.intermediate
     mlp = (
         [Linear("mlp.gate_up_proj", h, 2 * inter, dense), Linear("mlp.down_proj", inter, h, dense)]
@@ -134,7 +134,7 @@ def _falcon(arch: Arch) -> ParamLayout:
         Linear("mlp.dense_h_to_4h", h, arch.intermediate, n, bias),
         Linear("mlp.dense_4h_to_h", arch.intermediate, h, n, bias),
     )
-    norms = n * arch.extra["norms"] * 2 * h + 2 * h  # LayerNorms with bias, ln_f
+    norms = n * arch.falcon_norms * 2 * h + 2 * h  # LayerNorms with bias, ln_f
     return ParamLayout(linears, 0, _head(arch), norms)
 
 
