@@ -77,7 +77,7 @@ def dry_run(
     """
     started = time.perf_counter()
     plan = make_plan(tier, gpu_memory_gb, gpu=gpu, transformers_version=transformers_version)
-    shape = _measure_shape(measure)
+    shape = measure_shape(measure)
     cfg = load_model_config(model, limits=limits)
     built = build_meta_model(cfg, attention=shape.attention if shape else None, limits=limits)
     blocks, modules = _cover(built, plan.granularity)
@@ -109,7 +109,7 @@ def _cover(model: nn.Module, granularity: Granularity | None) -> tuple[int, tupl
     return len(report.blocks), report.hooked
 
 
-def _measure_shape(measure: Mapping[str, Any] | None) -> Workload | None:
+def measure_shape(measure: Mapping[str, Any] | None) -> Workload | None:
     """The measurement shape as a validated `Workload`; errors name ``measure.<field>``."""
     if measure is None:
         return None

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Set up and start the service on 127.0.0.1 (port: $PORT, default 8000).
+# Set up and start the service on 127.0.0.1:8000 (settings: CKPT_* environment
+# variables, e.g. CKPT_PORT; see the README settings table).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh service
 export HF_HUB_OFFLINE=1
-exec .venv/bin/uvicorn service.app:create_app --factory --host 127.0.0.1 --port "${PORT:-8000}"
+exec .venv/bin/python -m service

@@ -19,7 +19,7 @@ from typing import Any, Final
 
 from starlette.concurrency import run_in_threadpool
 
-from ckpt_core._dry_run import MEASURE_FIELDS, _measure_shape
+from ckpt_core._dry_run import MEASURE_FIELDS, measure_shape
 from ckpt_core._errors import CkptError
 from ckpt_core._models import ConfigLimits, load_model_config
 from ckpt_core._plan import make_plan
@@ -107,7 +107,7 @@ class DryRunner:
             gpu=kwargs.get("gpu"),
             transformers_version=kwargs.get("transformers_version"),
         )
-        shape = _measure_shape(kwargs.get("measure"))
+        shape = measure_shape(kwargs.get("measure"))
         measured = (
             tuple(getattr(shape, f.name) for f in fields(shape) if f.name in MEASURE_FIELDS)
             if shape is not None
