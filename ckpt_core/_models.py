@@ -19,7 +19,6 @@ transformers inside functions only, so importing it is cheap.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Mapping
@@ -172,6 +171,8 @@ def _split_model(model: object) -> tuple[Source, Any]:
 def _validated(
     config: object, limits: ConfigLimits, *, source: Source, preset: str | None
 ) -> ModelConfig:
+    import hashlib  # loads OpenSSL (~10 ms): on the first validation, not with ckpt_core
+
     if not isinstance(config, Mapping):
         raise ModelConfigError(
             f"model.config must be an object (the content of config.json), got "

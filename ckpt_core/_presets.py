@@ -17,7 +17,6 @@ import copy
 import functools
 import json
 from dataclasses import asdict, dataclass
-from importlib import resources
 from typing import Any, Final
 
 from ckpt_core._errors import UnknownPresetError
@@ -48,6 +47,8 @@ class PresetInfo:
 @functools.cache
 def _bundled() -> dict[str, dict[str, Any]]:
     """Every preset file parsed once: name -> file content (provenance included)."""
+    from importlib import resources  # ~10 ms to import (tempfile, zipfile): first use only
+
     folder = resources.files("ckpt_core").joinpath("presets")
     presets: dict[str, dict[str, Any]] = {}
     for entry in folder.iterdir():

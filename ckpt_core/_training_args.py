@@ -16,9 +16,9 @@ older behaviour is always correct there, only possibly less native.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Any, Final, Literal
 
 from ckpt_core._errors import UnsupportedTransformersVersionError
@@ -82,8 +82,17 @@ def _previous(version: Version) -> Version:
     return (major - 1, 999, 999)
 
 
+@functools.cache
 def installed_transformers_version() -> str | None:
-    """The installed transformers version, read from metadata (no import)."""
+    """The installed transformers version, read from metadata (no import of transformers).
+
+    Looked up once per process: the metadata scan costs ~0.6 ms, which was
+    most of a `make_plan` call, and a running process keeps the transformers
+    it imported.  ``importlib.metadata`` itself (~10 ms to import) loads here,
+    on first use, not with ``import ckpt_core``.
+    """
+    from importlib import metadata
+
     try:
         return metadata.version("transformers")
     except metadata.PackageNotFoundError:
