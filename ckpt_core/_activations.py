@@ -241,7 +241,7 @@ def _decoder_attention(led: Ledger, arch: Arch, step: Step, x: str, sliding: boo
 
 def rope_tables(led: Ledger, arch: Arch, step: Step, sliding: bool) -> None:
     """RoPE multiplies by cos and sin: both kept (shared by every layer)."""
-    e, seq = step.dtype_bytes, step.seq
+    e, seq = 4 if arch.rope_fp32 else step.dtype_bytes, step.seq
     rope = "local" if sliding and arch.model_type.startswith("gemma3") else "global"
     led.keep(f"{GLOBAL}cos.{rope}", e * seq * arch.head_dim)
     led.keep(f"{GLOBAL}sin.{rope}", e * seq * arch.head_dim)

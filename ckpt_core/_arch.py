@@ -89,6 +89,7 @@ class Arch:
     norm: str = "rms"  # rms | rms_gemma | rms_olmo | layer | t5
     qk_norm: str = ""  # "" | head | full
     sandwich: str = ""  # "" | gemma (4 norms per block) | olmo2 (post-norms only)
+    rope_fp32: bool = False  # cos / sin kept in fp32 (OLMo-2 applies RoPE in fp32)
     attn_softcap: bool = False
     final_softcap: bool = False
     sliding_window: int | None = None
@@ -201,6 +202,7 @@ def _decoder(config: Any, model_type: str) -> Arch:
         norm=norm,
         qk_norm="head" if model_type in ("qwen3", "qwen3_moe", "gemma3_text", "gemma3") else "",
         sandwich="gemma" if gemma else "olmo2" if model_type == "olmo2" else "",
+        rope_fp32=model_type == "olmo2",
         attn_softcap=bool(getattr(config, "attn_logit_softcapping", None)),
         final_softcap=bool(getattr(config, "final_logit_softcapping", None)),
         sliding_window=window if any(sliding) else None,
