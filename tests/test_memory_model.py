@@ -237,23 +237,29 @@ def test_recompute_flops_ratio_matches_flop_counter(arch: str, dropout: float) -
         assert expected == pytest.approx(flops(tier) / base, rel=0.02), tier
 
 
-@pytest.mark.parametrize(("preset", "tier"), [("llama-3.2-1b", "off"), ("llama-2-7b", "full")])
-def test_peak_without_allowance_matches_mem_tracker_on_meta(preset: str, tier: str) -> None:
+@pytest.mark.parametrize(
+    ("preset", "layers", "tier"), [("llama-3.2-1b", 16, "off"), ("llama-2-7b", 8, "full")]
+)
+def test_peak_without_allowance_matches_mem_tracker_on_meta(
+    preset: str, layers: int, tier: str
+) -> None:
     """weights + gradients + activations + transient vs MemTracker's peak of a training step.
 
     Eager attention (its recompute needs no meta stand-in), SGD without
-    momentum, gradients already allocated (a second micro-batch).  The
-    1B model peaks in the loss backward (128k vocabulary), the 7B one in a
-    block's backward; the model may over-estimate a little, never under.
+    momentum, gradients already allocated (a second micro-batch).  The 1B
+    model peaks in the loss backward (128k vocabulary), the 7B-shaped one (8
+    layers, to stay quick) in a block's backward; the model may err a little
+    high, never much low.
     """
     from torch.distributed._tools.mem_tracker import MemTracker
 
     from ckpt_core import install_checkpoint_hooks
     from ckpt_core._memory import tier_memory
     from ckpt_core._meta_stand_ins import meta_kernels, no_packed_sequence_detection
+    from ckpt_core._presets import load_preset
 
-    seq = 1024
-    model = build_meta_model(load_model_config({"preset": preset}), attention="eager")
+    seq, model_input = 1024, {"config": {**load_preset(preset), "num_hidden_layers": layers}}
+    model = build_meta_model(load_model_config(model_input), attention="eager")
     model = model.to(torch.bfloat16).train()
     if tier != "off":
         install_checkpoint_hooks(model, tier)
@@ -267,7 +273,8 @@ def test_peak_without_allowance_matches_mem_tracker_on_meta(preset: str, tier: s
     peak = tracker.get_tracker_snapshot("peak")
     (device,) = (key for key in peak if key.type == "meta")
     measured = next(value for key, value in peak[device].items() if str(key).endswith("Total"))
-    run = run_for(preset, seq_len=seq, optimizer="sgd", attention="eager")
+    workload = {"seq_len": seq, "optimizer": "sgd", "attention": "eager"}
+    run = prepare(model_facts(model_input), parse_workload(workload))
     memory = tier_memory(run.facts.arch, run.step, tier, run.static)
     estimated = run.static.total + memory.activation_bytes + memory.transient_bytes
     assert measured * 0.99 <= estimated <= measured * 1.05
