@@ -121,7 +121,7 @@ def prepare(facts: Facts, workload: Workload) -> Run:
         attention=kernel,
         trainable_weights=workload.method == "full",
         lora_rank=workload.lora_rank if workload.method != "full" else 0,
-        adapted=targets.__contains__ if workload.method != "full" else frozenset().__contains__,
+        adapted=targets.__contains__,  # empty for a full fine-tune
     )
     static = static_memory(layout, workload, lora_parameters)
     return Run(facts, workload, step, static, note)
@@ -169,11 +169,9 @@ def _attention(arch: Arch, requested: str) -> tuple[str, str]:
         effective = "sdpa"
     if effective == "sdpa" and arch.model_type in NO_SDPA:
         effective = "eager"
-    note = (
-        ""
-        if effective == requested
-        else (f"{arch.model_type} does not support {requested} in transformers: {effective} runs")
-    )
+    note = ""
+    if effective != requested:
+        note = f"{arch.model_type} does not support {requested} in transformers: {effective} runs"
     return _KERNEL[effective], note
 
 
