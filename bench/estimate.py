@@ -17,7 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# Run as a script, Python puts bench/ first on the path, where bench/http.py would
+# shadow the standard library's http: the repository root takes its place.
+sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 GIB = 1 << 30
 TIERS = ("off", "selective", "medium", "full")
