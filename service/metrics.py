@@ -57,9 +57,19 @@ class Metrics:
             "ckpt_dry_run_workers_busy", "Dry-run workers running a job.", registry=self.registry
         )
 
+        # (method, route, status) -> its counter and histogram children: `labels()`
+        # validates and looks up its arguments on every call, a few us per request.
+        self._request_children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
+
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
-        self.requests.labels(method, route, str(status)).inc()
-        self.latency.labels(method, route, str(status)).observe(seconds)
+        key = (method, route, status)
+        children = self._request_children.get(key)
+        if children is None:
+            labels = (method, route, str(status))
+            children = (self.requests.labels(*labels), self.latency.labels(*labels))
+            self._request_children[key] = children
+        children[0].inc()
+        children[1].observe(seconds)
 
     def track_pool(self, queue_depth: Callable[[], float], busy: Callable[[], float]) -> None:
         """Read the pool's gauges at scrape time (always current, no bookkeeping)."""

@@ -1,11 +1,24 @@
-"""``POST /resolve`` and ``GET /describe``: plans from ckpt_core, in microseconds."""
+"""``POST /resolve`` and ``GET /describe``: plans from ckpt_core, in microseconds.
+
+Without a model, an answer depends only on a few scalars (tier, GPU memory or
+name, transformers version) and `make_plan` is a pure function of them: each
+distinct set is planned, checked against the response model and serialised
+ONCE, and later requests get the stored JSON bytes.  Per request that saves
+the plan, its deep copy (`Plan.to_dict`) and FastAPI's response validation
+and serialisation - most of the service's own time on these routes (see the
+README's Performance section).  The caches are LRUs of `ANSWER_CACHE_SIZE`
+entries keyed by value AND type (``true`` and ``1`` stay apart); an error is
+raised before anything is stored, so bad input is never cached.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import functools
+from typing import Annotated, Any, Final
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import PlainTextResponse
+from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from ckpt_core._models import ConfigLimits, load_model_config
@@ -15,6 +28,36 @@ from service.negotiation import prefers_text
 from service.schemas import DescribeResponse, PlanResponse, ResolveRequest, error_responses
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["plans"])
+
+ANSWER_CACHE_SIZE: Final = 1024
+JSON: Final = "application/json"
+# JSON scalars: hashable, so a request made of them can be a cache key.
+_SCALARS: Final = (str, int, float, type(None))
+
+# Accept headers repeat (each client library sends its own): parse each once.
+_prefers_text = functools.lru_cache(maxsize=64)(prefers_text)
+
+
+def _serialised(model: type[BaseModel], data: dict[str, Any]) -> bytes:
+    """`data` validated by the response model and serialised, as FastAPI would do it."""
+    return model.model_validate(data).model_dump_json().encode()
+
+
+@functools.lru_cache(maxsize=ANSWER_CACHE_SIZE, typed=True)
+def _plan_answer(tier: Any, gpu_memory_gb: Any, gpu: Any, transformers_version: Any) -> bytes:
+    """The JSON answer without a model (arguments as the client sent them; ckpt_core checks)."""
+    plan = make_plan(tier, gpu_memory_gb, gpu=gpu, transformers_version=transformers_version)
+    return _serialised(PlanResponse, plan.to_dict())
+
+
+@functools.lru_cache(maxsize=ANSWER_CACHE_SIZE, typed=True)
+def _description(
+    tier: str | None, gpu_memory_gb: float | None, gpu: str | None
+) -> tuple[bytes, str]:
+    """(the JSON answer, the plain-text answer)."""
+    plan = make_plan(tier, gpu_memory_gb, gpu=gpu)
+    data = {"tier": plan.tier, "granularity": plan.granularity, "description": plan.description}
+    return _serialised(DescribeResponse, data), plan.description
 
 
 def plan_for(body: ResolveRequest, limits: ConfigLimits) -> Plan:
@@ -38,8 +81,11 @@ def plan_for(body: ResolveRequest, limits: ConfigLimits) -> Plan:
 )
 async def resolve(body: ResolveRequest, request: Request) -> Any:
     limits: ConfigLimits = request.app.state.settings.config_limits
-    if body.model is None:
-        return plan_for(body, limits).to_dict()
+    if body.model is None and body.workload is None:
+        scalars = (body.tier, body.gpu_memory_gb, body.gpu, body.transformers_version)
+        if all(isinstance(value, _SCALARS) for value in scalars):
+            return Response(_plan_answer(*scalars), media_type=JSON)
+        return plan_for(body, limits).to_dict()  # ckpt_core names the bad field
     # A model's validation and estimate take milliseconds (more on a family's
     # first use, which imports its config code): not on the event loop.
     return (await run_in_threadpool(plan_for, body, limits)).to_dict()
@@ -68,7 +114,7 @@ async def describe(
     gpu: Annotated[str | None, Query(description="A GPU name.", examples=["H100-80GB"])] = None,
     accept: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> Any:
-    plan = make_plan(tier, gpu_memory_gb, gpu=gpu)
-    if prefers_text(accept):
-        return PlainTextResponse(plan.description)
-    return {"tier": plan.tier, "granularity": plan.granularity, "description": plan.description}
+    answer, text = _description(tier, gpu_memory_gb, gpu)
+    if accept and _prefers_text(accept):
+        return PlainTextResponse(text)
+    return Response(answer, media_type=JSON)

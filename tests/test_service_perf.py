@@ -1,0 +1,97 @@
+"""The service's speed-ups keep its answers: cached plan answers, metrics children, frozen heap.
+
+Speed itself is measured by ``bench/http.py``; these tests check that what
+was made fast is still right.
+"""
+
+from __future__ import annotations
+
+import gc
+from unittest import mock
+
+from fastapi.testclient import TestClient
+
+import ckpt_core
+from service.metrics import Metrics
+from service.routes import plans
+from tests.conftest import metric, service_client
+
+
+def test_resolve_answers_are_made_once_per_distinct_request(api: TestClient) -> None:
+    body = {"tier": "medium", "gpu_memory_gb": 33.25, "transformers_version": "5.20.0"}
+    with mock.patch.object(plans, "make_plan", wraps=ckpt_core.make_plan) as make_plan:
+        answers = [api.post("/resolve", json=body) for _ in range(3)]
+        other = api.post("/resolve", json={**body, "gpu_memory_gb": 33.5})
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    assert answers[0].content == answers[1].content == answers[2].content
+    assert answers[0].headers["content-type"] == "application/json"
+    expected = ckpt_core.make_plan("medium", 33.25, transformers_version="5.20.0").to_dict()
+    assert answers[0].json() == expected
+    assert other.json()["gpu_memory_gb"] == 33.5
+    assert make_plan.call_count == 2  # once per distinct body
+
+
+def test_cache_keys_keep_json_types_apart(api: TestClient) -> None:
+    """``true`` is full; ``1`` (equal to True in Python) is no tier at all."""
+    assert api.post("/resolve", json={"tier": True}).json()["granularity"] == "full"
+    one = api.post("/resolve", json={"tier": 1})
+    assert one.status_code == 422, one.text
+    assert one.json()["field"] == "tier"
+    assert api.post("/resolve", json={"tier": "full", "gpu_memory_gb": 40}).status_code == 200
+    as_float = api.post("/resolve", json={"tier": "full", "gpu_memory_gb": 40.0})
+    assert as_float.json()["gpu_memory_gb"] == 40.0
+
+
+def test_unhashable_values_get_ckpt_core_errors_not_a_crash(api: TestClient) -> None:
+    for body, field in (
+        ({"tier": ["full"]}, "tier"),
+        ({"tier": "full", "gpu_memory_gb": {"GiB": 40}}, "gpu_memory_gb"),
+        ({"tier": "full", "gpu": ["A100-80GB"]}, "gpu"),
+    ):
+        response = api.post("/resolve", json=body)
+        assert response.status_code == 422, response.text
+        assert response.json()["field"] == field
+
+
+def test_bad_input_is_never_cached(api: TestClient) -> None:
+    for _ in range(2):
+        response = api.post("/resolve", json={"tier": "fulll"})
+        assert response.status_code == 422
+        assert response.json()["error"] == "invalid_tier"
+
+
+def test_describe_answers_json_and_text_from_one_plan(api: TestClient) -> None:
+    params = {"tier": "auto", "gpu_memory_gb": 47.5}
+    description = ckpt_core.describe_tier("auto", 47.5)
+    with mock.patch.object(plans, "make_plan", wraps=ckpt_core.make_plan) as make_plan:
+        as_json = api.get("/describe", params=params)
+        as_text = api.get("/describe", params=params, headers={"accept": "text/plain"})
+    assert as_json.json() == {"tier": "auto", "granularity": "medium", "description": description}
+    assert as_json.headers["content-type"] == "application/json"
+    assert as_text.text == description
+    assert as_text.headers["content-type"].startswith("text/plain")
+    assert make_plan.call_count == 1
+
+
+def test_request_metrics_count_every_answer_by_labels() -> None:
+    metrics = Metrics()
+    for status in (200, 200, 422):
+        metrics.observe_request("POST", "/resolve", status, 0.002)
+    text = metrics.render()[0].decode()
+    assert 'ckpt_http_requests_total{method="POST",route="/resolve",status="200"} 2.0' in text
+    assert 'ckpt_http_requests_total{method="POST",route="/resolve",status="422"} 1.0' in text
+    count = 'ckpt_http_request_duration_seconds_count{method="POST",route="/resolve",status="200"}'
+    assert f"{count} 2.0" in text
+
+
+def test_heap_is_frozen_while_the_service_runs_and_released_after() -> None:
+    with service_client() as client:
+        assert client.get("/readyz").status_code == 200
+        assert gc.get_freeze_count() > 0
+        # garbage made after the freeze is still collected
+        cycle: list[object] = []
+        cycle.append(cycle)
+        del cycle
+        assert gc.collect() >= 1
+        assert metric(client, "ckpt_dry_run_workers_busy") == 0.0
+    assert gc.get_freeze_count() == 0
