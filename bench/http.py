@@ -1,0 +1,240 @@
+"""HTTP requests/s and latency of the service next to a bare FastAPI endpoint, under wrk.
+
+Run: ``.venv/bin/python bench/http.py`` (needs ``apt-get install -y wrk``);
+``--duration`` seconds per wrk run (3), ``--rounds`` (3), ``--concurrency``
+(1 8 32 64), ``--skip-saturation``.
+
+One server process (``bench/_http_server.py``) serves the service, configured
+as ``python -m service`` configures it (``CKPT_*`` settings, JSON access log
+to a temporary file), and a bare FastAPI app of the same request and answer
+shapes on a second port of the same event loop.  wrk (see ``bench/_wrk.py``
+for why) drives one endpoint at a time over loopback, at each concurrency,
+for a bounded time; the endpoints take turns within a round so drift on this
+shared machine hits all of them alike, and the tables show the median over
+rounds.  Ratios compare ``POST /resolve`` (no model) with the bare POST and
+``GET /describe`` with the bare GET.
+
+The saturation run then keeps every dry-run worker busy - distinct 70B-class
+inline configs (cache misses), one more in flight than there are workers, so
+one always waits in the queue - and measures ``POST /resolve`` again; its p99
+is compared with the idle p99 of the same concurrency from the first part.
+"""
+
+# ruff: noqa: E402 - sys.path must be fixed before the imports below (see the comment there)
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Run as a script, Python puts bench/ first on sys.path, where this file would
+# shadow the standard library's `http`: put the repository root there instead.
+sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+import argparse
+import json
+import subprocess
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+from bench._common import ROOT, bench_env, free_port, median, stop, table, wait_for_status
+from bench._dry_run_load import DryRunLoad
+from bench._wrk import Result, require_wrk, run_wrk
+
+NO_MODEL = json.dumps({"tier": "auto", "gpu": "A100-80GB"})
+WITH_MODEL = json.dumps(
+    {
+        "tier": "auto",
+        "gpu": "A100-80GB",
+        "model": {"preset": "llama-3.1-8b"},
+        "workload": {"seq_len": 4096, "micro_batch_size": 2, "method": "lora"},
+    }
+)
+DESCRIBE_QUERY = "?tier=auto&gpu=A100-80GB"
+READY_TIMEOUT_S = 180.0
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    name: str
+    bare: bool  # served by the bare app's port
+    path: str
+    body: str | None = None
+
+
+BARE_POST = Endpoint("bare POST", True, "/bare/resolve", NO_MODEL)
+RESOLVE = Endpoint("POST /resolve", False, "/resolve", NO_MODEL)
+BARE_GET = Endpoint("bare GET", True, "/bare/describe" + DESCRIBE_QUERY)
+DESCRIBE = Endpoint("GET /describe", False, "/describe" + DESCRIBE_QUERY)
+RESOLVE_MODEL = Endpoint("POST /resolve + model", False, "/resolve", WITH_MODEL)
+ENDPOINTS = (BARE_POST, RESOLVE, BARE_GET, DESCRIBE, RESOLVE_MODEL)
+
+Runs = dict[tuple[str, int], list[Result]]
+
+
+class Server:
+    """The benchmark server process and the URLs of its two apps."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.service_port, self.bare_port = free_port(), free_port()
+        with log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "bench._http_server",
+                    str(self.service_port),
+                    str(self.bare_port),
+                ],
+                cwd=ROOT,
+                env=bench_env(),
+                stdout=log,
+                stderr=log,
+            )
+
+    def url(self, endpoint: Endpoint) -> str:
+        port = self.bare_port if endpoint.bare else self.service_port
+        return f"http://127.0.0.1:{port}{endpoint.path}"
+
+    @property
+    def service_url(self) -> str:
+        return f"http://127.0.0.1:{self.service_port}"
+
+
+def measure(server: Server, endpoint: Endpoint, connections: int, seconds: float) -> Result:
+    result = run_wrk(
+        server.url(endpoint), connections=connections, seconds=seconds, body=endpoint.body
+    )
+    if result.non_2xx or result.socket_errors:
+        print(
+            f"  ! {endpoint.name} c={connections}: {result.non_2xx} non-2xx, "
+            f"{result.socket_errors} socket errors",
+            flush=True,
+        )
+    return result
+
+
+def warm_up(server: Server, endpoints: tuple[Endpoint, ...]) -> None:
+    """One second each: first-use imports (a model family's config code) happen here."""
+    for endpoint in endpoints:
+        measure(server, endpoint, 8, 1)
+
+
+def run_matrix(
+    server: Server, endpoints: tuple[Endpoint, ...], concurrency: list[int], rounds: int, s: float
+) -> Runs:
+    runs: Runs = defaultdict(list)
+    for connections in concurrency:
+        for round_number in range(rounds):
+            for endpoint in endpoints:
+                result = measure(server, endpoint, connections, s)
+                runs[endpoint.name, connections].append(result)
+                print(
+                    f"  c={connections:<3} round {round_number + 1}/{rounds} {endpoint.name:22} "
+                    f"{result.rps:8.0f} req/s  p50 {result.p50_ms:6.2f} ms  "
+                    f"p99 {result.p99_ms:6.2f} ms",
+                    flush=True,
+                )
+    return runs
+
+
+def _medians(results: list[Result]) -> tuple[float, float, float]:
+    return (
+        median([r.rps for r in results]),
+        median([r.p50_ms for r in results]),
+        median([r.p99_ms for r in results]),
+    )
+
+
+def throughput_table(runs: Runs, endpoints: tuple[Endpoint, ...], concurrency: list[int]) -> str:
+    rows = []
+    for endpoint in endpoints:
+        for connections in concurrency:
+            rps, p50, p99 = _medians(runs[endpoint.name, connections])
+            errors = sum(r.non_2xx + r.socket_errors for r in runs[endpoint.name, connections])
+            rows.append([endpoint.name, connections, rps, p50, p99, errors])
+    return table(["endpoint", "conc.", "req/s", "p50 ms", "p99 ms", "errors"], rows)
+
+
+def ratio_table(runs: Runs, concurrency: list[int]) -> tuple[str, bool]:
+    """Service vs bare per concurrency; the targets: req/s >= 0.9x, p99 <= 1.5x."""
+    rows, all_met = [], True
+    for ours, bare in ((RESOLVE, BARE_POST), (DESCRIBE, BARE_GET)):
+        for connections in concurrency:
+            rps, _, p99 = _medians(runs[ours.name, connections])
+            bare_rps, _, bare_p99 = _medians(runs[bare.name, connections])
+            rps_ratio, p99_ratio = rps / bare_rps, p99 / bare_p99
+            met = rps_ratio >= 0.9 and p99_ratio <= 1.5
+            all_met &= met
+            rows.append(
+                [f"{ours.name} / {bare.name}", connections, rps_ratio, p99_ratio, _yes(met)]
+            )
+    headers = ["pair", "conc.", "req/s ratio (>= 0.9)", "p99 ratio (<= 1.5)", "met"]
+    return table(headers, rows), all_met
+
+
+def saturation_table(
+    idle: Runs, busy: Runs, concurrency: list[int], load: DryRunLoad
+) -> tuple[str, bool]:
+    rows, all_met = [], True
+    for connections in concurrency:
+        _, _, idle_p99 = _medians(idle[RESOLVE.name, connections])
+        rps, p50, p99 = _medians(busy[RESOLVE.name, connections])
+        met = p99 / idle_p99 <= 1.5
+        all_met &= met
+        rows.append([connections, rps, p50, idle_p99, p99, p99 / idle_p99, _yes(met)])
+    headers = ["conc.", "req/s", "p50 ms", "idle p99 ms", "busy p99 ms", "ratio (<= 1.5)", "met"]
+    return table(headers, rows) + "\n\n" + load.summary(), all_met
+
+
+def _yes(met: bool) -> str:
+    return "yes" if met else "NO"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=3.0, help="seconds per wrk run")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
+    parser.add_argument("--skip-saturation", action="store_true")
+    args = parser.parse_args()
+    require_wrk()
+    with tempfile.TemporaryDirectory() as folder:
+        server = Server(Path(folder) / "server.log")
+        try:
+            ready_s = wait_for_status(
+                server.service_url + "/readyz", server.process, READY_TIMEOUT_S
+            )
+            print(f"server ready in {ready_s:.1f} s; warming up", flush=True)
+            warm_up(server, ENDPOINTS)
+            _report(server, args)
+        finally:
+            stop(server.process)
+
+
+def _report(server: Server, args: argparse.Namespace) -> None:
+    started = time.perf_counter()
+    idle = run_matrix(server, ENDPOINTS, args.concurrency, args.rounds, args.duration)
+    print("\n## Requests/s and latency (median of rounds)\n")
+    print(throughput_table(idle, ENDPOINTS, args.concurrency))
+    ratios, ratios_met = ratio_table(idle, args.concurrency)
+    print("\n## Service vs bare FastAPI (same process, same loop)\n")
+    print(ratios)
+    saturation_met = None
+    if not args.skip_saturation:
+        with DryRunLoad(server.service_url) as load:
+            load.wait_busy()
+            busy = run_matrix(server, (RESOLVE,), args.concurrency, args.rounds, args.duration)
+        print("\n## POST /resolve while dry runs saturate their pool\n")
+        text, saturation_met = saturation_table(idle, busy, args.concurrency, load)
+        print(text)
+    print(
+        f"\ntargets: service vs bare {_yes(ratios_met)}; under dry-run load "
+        f"{'skipped' if saturation_met is None else _yes(saturation_met)} "
+        f"({time.perf_counter() - started:.0f} s of measurement)"
+    )
+
+
+if __name__ == "__main__":
+    main()
