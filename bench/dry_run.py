@@ -8,7 +8,7 @@ figure, 3; ``--presets``; ``--seq-lens`` for the measurement table).
    for both sides, timed once and left out).  ``bare``: what a dry run
    cannot do without - ``AutoConfig.for_model`` on the preset's config,
    ``AutoModelForCausalLM.from_config`` under ``torch.device("meta")`` and
-   HF's own full checkpointing (``gradient_checkpointing_enable``,
+   HF's own full checkpointing (``activation_checkpointing_enable()``,
    non-reentrant).  ``dry_run``: ``ckpt_core.dry_run(preset, "full")`` -
    config validation and bounds, the plan, the meta build, our hooks, the
    report.  WARM is the median of 5 more calls in the same process (no cache
@@ -69,7 +69,7 @@ def _bare(preset: str) -> Callable[[], object]:
         hf_config = AutoConfig.for_model(config.pop("model_type"), **config)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(hf_config)
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.activation_checkpointing_enable()  # non-reentrant by default
         return model
 
     return build
