@@ -212,8 +212,10 @@ def mask_kind(arch: Arch, step: Step, sliding: bool) -> str | None:
 
 
 def mask_bytes(step: Step, mask: str) -> int:
-    per_element = step.dtype_bytes if mask.startswith("eager") else 1
-    return per_element * step.batch * step.seq * step.seq
+    """Eager's float mask exists per sample; sdpa's boolean one is a batch-expanded view."""
+    if mask.startswith("eager"):
+        return step.dtype_bytes * step.batch * step.seq * step.seq
+    return step.seq * step.seq
 
 
 def _decoder_attention(led: Ledger, arch: Arch, step: Step, x: str, sliding: bool) -> None:
