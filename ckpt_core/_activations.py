@@ -30,6 +30,7 @@ and T5.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Final
 
@@ -44,24 +45,43 @@ BlockFn = Callable[[Arch, Step, str, int], Ledger]
 def activation_bytes(arch: Arch, step: Step, tier: str) -> int:
     """Bytes autograd keeps at the end of the forward for ``tier`` (closed form)."""
     if arch.family == "decoder":
-        embed, head, block = _decoder_embed(arch, step), _decoder_head(arch, step), _decoder_block
+        scopes = (_decoder_embed(arch, step), _decoder_head(arch, step))
     else:
         from ckpt_core._activations_classic import family_parts
 
-        _, embed, head, block = family_parts(arch, step)
-    return _compose(arch, step, tier, scopes=(embed, head), block=block)
+        _, embed, head, _ = family_parts(arch, step)
+        scopes = (embed, head)
+    shared: dict[str, int] = {}
+    total = 0
+    for scope in scopes:
+        total += scope.local_bytes()
+        shared.update(scope.globals())
+    for (mode, kind), count in _block_counts(arch, tier):
+        local, globals_ = block_bytes(arch, step, mode, kind)
+        total += count * local
+        shared.update(globals_)
+    return total + sum(shared.values())
 
 
-def largest_block(arch: Arch, step: Step, mode: str) -> int:
-    """The local bytes of the largest block in ``mode`` (for the backward working set)."""
+@functools.lru_cache(maxsize=4096)
+def block_bytes(
+    arch: Arch, step: Step, mode: str, kind: int
+) -> tuple[int, tuple[tuple[str, int], ...]]:
+    """One block's own bytes and the shared storages it keeps (cached: pure function)."""
     if arch.family == "decoder":
         block: BlockFn = _decoder_block
     else:
         from ckpt_core._activations_classic import family_parts
 
-        _, _, _, block = family_parts(arch, step)
-    kinds = {_block_kind(arch, stack, index) for stack, index, _ in block_modes(arch, "off")}
-    return max(block(arch, step, mode, kind).local_bytes() for kind in kinds)
+        block = family_parts(arch, step)[3]
+    ledger = block(arch, step, mode, kind)
+    return ledger.local_bytes(), tuple(ledger.globals().items())
+
+
+def largest_block(arch: Arch, step: Step, mode: str) -> int:
+    """The local bytes of the largest block in ``mode`` (for the backward working set)."""
+    kinds = {kind for _, kind in _block_counts(arch, "off")}
+    return max(block_bytes(arch, step, mode, kind)[0] for kind in kinds)
 
 
 def block_modes(arch: Arch, tier: str) -> list[tuple[int, int, str]]:
@@ -81,23 +101,14 @@ def block_modes(arch: Arch, tier: str) -> list[tuple[int, int, str]]:
     return modes
 
 
-def _compose(
-    arch: Arch, step: Step, tier: str, *, scopes: tuple[Ledger, ...], block: BlockFn
-) -> int:
-    """Sum the scopes, each block under its tier's mode, and the shared storages once."""
-    cache: dict[tuple[str, int], Ledger] = {}
-    shared: dict[str, int] = {}
-    total = 0
-    for scope in scopes:
-        total += scope.local_bytes()
-        shared.update(scope.globals())
+@functools.lru_cache(maxsize=1024)
+def _block_counts(arch: Arch, tier: str) -> tuple[tuple[tuple[str, int], int], ...]:
+    """How many blocks of each (mode, kind) the tier has (cached per architecture)."""
+    counts: dict[tuple[str, int], int] = {}
     for stack, index, mode in block_modes(arch, tier):
         key = (mode, _block_kind(arch, stack, index))
-        if key not in cache:
-            cache[key] = block(arch, step, *key)
-        total += cache[key].local_bytes()
-        shared.update(cache[key].globals())
-    return total + sum(shared.values())
+        counts[key] = counts.get(key, 0) + 1
+    return tuple(counts.items())
 
 
 def _mode(tier: str, counter: int) -> str:
