@@ -13,7 +13,6 @@ import time
 import uuid
 from typing import Final
 
-from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import BodyTooLargeError, ServiceError, error_response
@@ -23,6 +22,7 @@ from service.metrics import Metrics
 log = logging.getLogger(__name__)
 
 REQUEST_ID_HEADER: Final = "X-Request-ID"
+_REQUEST_ID_KEY: Final = REQUEST_ID_HEADER.lower().encode("latin-1")
 # A caller's id is echoed only when it is short and plain (it goes into logs).
 _VALID_REQUEST_ID: Final = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
 # Probes and scrapes: logged at debug, not info, so they do not drown real traffic.
@@ -47,7 +47,8 @@ class RequestContextMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_id = _request_id(Headers(scope=scope).get(REQUEST_ID_HEADER))
+        request_id = _request_id(_header(scope, _REQUEST_ID_KEY))
+        id_header = (_REQUEST_ID_KEY, request_id.encode("latin-1"))
         token = request_id_var.set(request_id)
         start = time.perf_counter()
         status = 500
@@ -58,7 +59,9 @@ class RequestContextMiddleware:
             if message["type"] == "http.response.start":
                 started = True
                 status = message["status"]
-                MutableHeaders(scope=message)[REQUEST_ID_HEADER] = request_id
+                # Appended as raw bytes: no app sets this header, so there is
+                # nothing to replace (MutableHeaders would scan for it first).
+                message["headers"] = [*message.get("headers", ()), id_header]
             await send(message)
 
         try:
@@ -79,6 +82,8 @@ class RequestContextMiddleware:
         route = getattr(scope.get("route"), "path", None) or UNMATCHED_ROUTE
         self.metrics.observe_request(scope["method"], route, status, seconds)
         level = logging.DEBUG if route in _QUIET_ROUTES and status < 400 else logging.INFO
+        if not log.isEnabledFor(level):
+            return
         log.log(
             level,
             "%s %s %s",
@@ -93,6 +98,18 @@ class RequestContextMiddleware:
                 "duration_ms": round(seconds * 1000, 3),
             },
         )
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    """A request header's value by its lower-case name (ASGI servers send lower case).
+
+    A plain scan of the raw list: Starlette's `Headers` would build an object
+    and decode every header for one lookup, several us per request.
+    """
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
 
 
 def _request_id(given: str | None) -> str:
@@ -118,7 +135,7 @@ class BodyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         try:
-            self._check_declared_length(Headers(scope=scope).get("content-length"))
+            self._check_declared_length(_header(scope, b"content-length"))
             body = await self._read_body(receive)
         except ServiceError as exc:
             response = error_response(exc.status, exc.code, exc.message, exc.field)
