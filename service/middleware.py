@@ -47,7 +47,7 @@ class RequestContextMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_id = _request_id(_header(scope, _REQUEST_ID_KEY))
+        request_id = _request_id(raw_header(scope, _REQUEST_ID_KEY))
         id_header = (_REQUEST_ID_KEY, request_id.encode("latin-1"))
         token = request_id_var.set(request_id)
         start = time.perf_counter()
@@ -100,7 +100,7 @@ class RequestContextMiddleware:
         )
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
+def raw_header(scope: Scope, name: bytes) -> str | None:
     """A request header's value by its lower-case name (ASGI servers send lower case).
 
     A plain scan of the raw list: Starlette's `Headers` would build an object
@@ -135,7 +135,7 @@ class BodyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         try:
-            self._check_declared_length(_header(scope, b"content-length"))
+            self._check_declared_length(raw_header(scope, b"content-length"))
             body = await self._read_body(receive)
         except ServiceError as exc:
             response = error_response(exc.status, exc.code, exc.message, exc.field)

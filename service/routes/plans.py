@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 from typing import Annotated, Any, Final
 
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
@@ -24,6 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from ckpt_core._models import ConfigLimits, load_model_config
 from ckpt_core._plan import Plan, make_plan
 from service.jsonbody import StrictJSONRoute
+from service.middleware import raw_header
 from service.negotiation import prefers_text
 from service.schemas import DescribeResponse, PlanResponse, ResolveRequest, error_responses
 
@@ -104,6 +105,7 @@ async def resolve(body: ResolveRequest, request: Request) -> Any:
     summary="Describe a tier for people",
 )
 async def describe(
+    request: Request,
     tier: Annotated[
         str | None,
         Query(description="As for /resolve; absent means off.", examples=["auto"]),
@@ -112,9 +114,10 @@ async def describe(
         float | None, Query(description="GPU memory in GiB.", examples=[79.2])
     ] = None,
     gpu: Annotated[str | None, Query(description="A GPU name.", examples=["H100-80GB"])] = None,
-    accept: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> Any:
     answer, text = _description(tier, gpu_memory_gb, gpu)
+    # Read raw: a Header parameter costs FastAPI a validation on every request.
+    accept = raw_header(request.scope, b"accept")
     if accept and _prefers_text(accept):
         return PlainTextResponse(text)
     return Response(answer, media_type=JSON)
