@@ -4,7 +4,9 @@ Python's `json` accepts ``NaN`` / ``Infinity`` and turns ``1e999`` into
 ``inf``; FastAPI accepts any body when the content type is missing.  Routes
 of `StrictJSONRoute` instead require ``application/json`` (or ``+json``) and
 parse with `strict_loads`, which rejects non-finite numbers, integers beyond
-64 bits and duplicate keys, naming the field where it can.
+64 bits, duplicate keys and lone UTF-16 surrogates (``"\\ud800"`` is valid
+JSON syntax but no Unicode character: it cannot be encoded back into a UTF-8
+answer or log line), naming the field where it can.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import email.message
 import functools
 import json
+import re
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -22,6 +25,8 @@ from service.errors import MalformedJSONError, UnsupportedMediaTypeError
 
 INT64_MAX = (1 << 63) - 1
 _MAX_INT_DIGITS = len(str(INT64_MAX))
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_NOT_UNICODE = "holds a lone UTF-16 surrogate, which is not a Unicode character"
 
 
 class _Rejected:
@@ -53,6 +58,9 @@ def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """A JSON object; a repeated key is ambiguous (which one wins?), so an error."""
     result: dict[str, Any] = {}
     for key, value in pairs:
+        if _SURROGATE.search(key):
+            # !a (ascii): the key itself cannot go into the answer as it is.
+            raise MalformedJSONError(f"the object key {key!a} {_NOT_UNICODE}")
         if key in result:
             raise MalformedJSONError(f"duplicate key {key!r} in a JSON object", field=key)
         result[key] = value
@@ -77,17 +85,23 @@ def strict_loads(body: bytes) -> Any:
         raise MalformedJSONError("body is not UTF-8 encoded JSON") from None
     except RecursionError:
         raise MalformedJSONError("body is nested too deeply") from None
-    _reject_placeholders(value)
+    _reject_unrepresentable(value)
     return value
 
 
-def _reject_placeholders(value: Any) -> None:
-    """Raise for the first `_Rejected` number, with its path (iterative: no recursion)."""
+def _reject_unrepresentable(value: Any) -> None:
+    """Raise for the first `_Rejected` number or surrogate string, with its path.
+
+    Iterative: no recursion.  Keys were checked by `_object`, so paths are clean.
+    """
     stack: list[tuple[str, Any]] = [("", value)]
     while stack:
         path, item = stack.pop()
         if isinstance(item, _Rejected):
             raise MalformedJSONError(item.why, field=path or None)
+        if isinstance(item, str) and _SURROGATE.search(item):
+            why = f"the string {item[:40]!a} {_NOT_UNICODE}"
+            raise MalformedJSONError(why, field=path or None)
         if isinstance(item, dict):
             stack.extend((f"{path}.{k}" if path else k, v) for k, v in item.items())
         elif isinstance(item, list):
