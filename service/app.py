@@ -13,6 +13,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from importlib import metadata
+from typing import Any, Final
 
 from fastapi import FastAPI
 
@@ -22,6 +23,7 @@ from service.logs import configure_logging
 from service.metrics import Metrics
 from service.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from service.routes import dry_runs, ops, plans, presets
+from service.security import BearerAuthMiddleware, JSONCORSMiddleware, cors_options
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -32,9 +34,21 @@ should use, and what the worker must do to apply it.
 
 Every error is `{"error": code, "detail": message, "field": path-or-null}`:
 400 for a body that is not valid JSON, 413 / 415 for its size / content type,
-422 for invalid values, 429 (with Retry-After) when the dry-run pool is full,
-504 when a dry run hits its time limit.
+408 for a body that arrives too slowly, 422 for invalid values, 429 (with
+Retry-After) when the dry-run pool is full, 504 when a dry run hits its time
+limit. 401 (with `WWW-Authenticate: Bearer`) when the deployment requires a
+bearer token (`CKPT_AUTH_TOKENS`) and the request lacks it.
 """
+
+# Answers the middlewares can give on any operation, whatever its route declares.
+_TRANSPORT_ERRORS: Final = {
+    "401": "A bearer token is required (CKPT_AUTH_TOKENS is set) and none, "
+    "or a wrong one, was sent; see WWW-Authenticate.",
+    "408": "The request body did not arrive within the time limit.",
+    "413": "The body is larger than the limit.",
+}
+_ERROR_SCHEMA: Final = {"$ref": "#/components/schemas/ErrorResponse"}
+BEARER_SCHEME: Final = "bearerAuth"
 
 
 def _version() -> str:
@@ -76,13 +90,76 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.metrics = metrics
     install_error_handlers(app)
-    # Added last = outermost: the request id and the metrics see every answer,
-    # the 413s of the body limit included.
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
-    app.add_middleware(RequestContextMiddleware, metrics=metrics)
+    _add_middlewares(app, settings, metrics)
     for module in (plans, dry_runs, presets, ops):
         app.include_router(module.router)
+    _document_transport_errors(app)
     return app
+
+
+def _add_middlewares(app: FastAPI, settings: Settings, metrics: Metrics) -> None:
+    """Outermost first: request context, CORS, auth, body limits, then the app.
+
+    The request id and the metrics see every answer (401s, 408s and 413s
+    included); CORS answers preflights before auth (browsers send no token
+    with them) and adds its headers to every answer, errors included; auth
+    refuses a caller before its body is read.
+    """
+    # add_middleware puts each one outside the previous: added innermost first.
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_bytes=settings.max_body_bytes,
+        timeout_s=settings.body_timeout_s,
+    )
+    if settings.auth_tokens:
+        tokens = [token.get_secret_value() for token in settings.auth_tokens]
+        app.add_middleware(BearerAuthMiddleware, tokens=tokens)
+    if settings.cors_origins:
+        app.add_middleware(JSONCORSMiddleware, **cors_options(settings.cors_origins))
+    app.add_middleware(RequestContextMiddleware, metrics=metrics)
+
+
+def _document_transport_errors(app: FastAPI) -> None:
+    """Add the middlewares' answers (401, 408, 413) and the optional bearer scheme to the
+    OpenAPI document, so it lists every status an operation can return whatever the
+    deployment's settings.  The document does not depend on them: one contract.
+    """
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            _add_transport_errors(generate())
+        assert app.openapi_schema is not None
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _add_transport_errors(document: dict[str, Any]) -> None:
+    components = document.setdefault("components", {})
+    components.setdefault("securitySchemes", {})[BEARER_SCHEME] = {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "Required only when the service runs with CKPT_AUTH_TOKENS.",
+    }
+    # Either no credentials (the default deployment) or a bearer token.
+    document["security"] = [{}, {BEARER_SCHEME: []}]
+    for item in document["paths"].values():
+        for operation in item.values():
+            responses = operation["responses"]
+            for status, description in _TRANSPORT_ERRORS.items():
+                response: dict[str, Any] = {
+                    "description": description,
+                    "content": {"application/json": {"schema": _ERROR_SCHEMA}},
+                }
+                if status == "401":
+                    response["headers"] = {
+                        "WWW-Authenticate": {
+                            "description": 'Bearer realm="ckpt-advisor"[, error="invalid_token"]',
+                            "schema": {"type": "string"},
+                        }
+                    }
+                responses.setdefault(status, response)
 
 
 async def _warm_up(runner: DryRunner) -> None:

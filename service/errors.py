@@ -3,7 +3,10 @@
 Status codes, one rule each:
 
 - 400: the body is not acceptable JSON (syntax, NaN / Infinity, numbers out of range,
-  duplicate keys);
+  duplicate keys, lone UTF-16 surrogates), or a CORS preflight the settings refuse;
+- 401 (+ ``WWW-Authenticate: Bearer``): a bearer token is required (``CKPT_AUTH_TOKENS``)
+  and the request has none, or a wrong one;
+- 408: the client did not send its whole body within ``CKPT_BODY_TIMEOUT_S``;
 - 413: the body is larger than ``CKPT_MAX_BODY_BYTES``;
 - 415: a body that is not ``application/json``;
 - 422: valid JSON (or query) whose values are wrong: request-schema errors and
@@ -71,6 +74,20 @@ class BodyTooLargeError(ServiceError):
     code = "body_too_large"
 
 
+class BodyTimeoutError(ServiceError):
+    """The client sent its body too slowly (or not at all) after the headers."""
+
+    status = 408
+    code = "body_timeout"
+
+
+class UnauthorizedError(ServiceError):
+    """No valid bearer token where one is required."""
+
+    status = 401
+    code = "unauthorized"
+
+
 class DryRunBusyError(ServiceError):
     """Every dry-run worker is busy and the queue is full."""
 
@@ -125,6 +142,11 @@ def error_response(
     return JSONResponse(error_body(code, detail, field), status_code=status, headers=headers)
 
 
+def service_error_response(exc: ServiceError) -> JSONResponse:
+    """The answer for a transport error, whoever raised it (handler or middleware)."""
+    return error_response(exc.status, exc.code, exc.message, exc.field, exc.headers)
+
+
 def ckpt_status(exc: CkptError) -> int:
     """422 for bad values (every ValueError subclass), 409 for bad state."""
     return 422 if isinstance(exc, ValueError) else 409
@@ -150,7 +172,7 @@ async def _ckpt_error(_: Request, exc: Exception) -> JSONResponse:
 
 async def _service_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ServiceError)
-    return error_response(exc.status, exc.code, exc.message, exc.field, exc.headers)
+    return service_error_response(exc)
 
 
 async def _validation_error(_: Request, exc: Exception) -> JSONResponse:

@@ -1,4 +1,4 @@
-"""Pure ASGI middlewares: request context (id, access log, metrics, 500 net) and body limit.
+"""Pure ASGI middlewares: request context (id, access log, metrics, 500 net), body limits.
 
 Pure ASGI rather than Starlette's ``BaseHTTPMiddleware``: no extra task per
 request, the body can be inspected before the app sees it, and nothing
@@ -7,6 +7,7 @@ buffers the response.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -15,7 +16,13 @@ from typing import Final
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import BodyTooLargeError, ServiceError, error_response
+from service.errors import (
+    BodyTimeoutError,
+    BodyTooLargeError,
+    ServiceError,
+    error_response,
+    service_error_response,
+)
 from service.logs import request_id_var
 from service.metrics import Metrics
 
@@ -119,16 +126,20 @@ def _request_id(given: str | None) -> str:
 
 
 class BodyLimitMiddleware:
-    """Reject bodies over `max_bytes` with 413: early from Content-Length, else while reading.
+    """Bound the request body in size (413) and in time (408) before the app sees it.
 
-    The body is read here (at most `max_bytes`, counting every chunk of a
-    chunked upload) and replayed to the app, so an oversized upload is refused
-    before any parsing, whatever its framing.
+    Size: refused early from Content-Length, else while reading (every chunk of
+    a chunked upload counts).  Time: the whole body must arrive within
+    `timeout_s` of the headers; a client that trickles it (or never sends it)
+    gets a 408 instead of holding a connection and a task forever - uvicorn
+    has no body-read timeout of its own.  The body is then replayed to the
+    app, so nothing is parsed before both checks pass.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -136,10 +147,9 @@ class BodyLimitMiddleware:
             return
         try:
             self._check_declared_length(raw_header(scope, b"content-length"))
-            body = await self._read_body(receive)
+            body = await self._read_body_in_time(receive)
         except ServiceError as exc:
-            response = error_response(exc.status, exc.code, exc.message, exc.field)
-            await response(scope, receive, send)
+            await service_error_response(exc)(scope, receive, send)
             return
         if body is None:  # the client went away
             return
@@ -153,10 +163,20 @@ class BodyLimitMiddleware:
     def _check_declared_length(self, value: str | None) -> None:
         if value is None:
             return
-        if not value.strip().isdigit():
+        digits = value.strip()
+        if not (digits.isascii() and digits.isdigit()):  # isdigit alone admits '²'
             raise ServiceError(f"Content-Length {value!r} is not a byte count")
-        if int(value) > self.max_bytes:
-            raise self._too_large(value.strip())
+        if int(digits) > self.max_bytes:
+            raise self._too_large(digits)
+
+    async def _read_body_in_time(self, receive: Receive) -> bytes | None:
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await self._read_body(receive)
+        except TimeoutError:
+            raise BodyTimeoutError(
+                f"the request body did not arrive within {self.timeout_s:g} s of the headers"
+            ) from None
 
     async def _read_body(self, receive: Receive) -> bytes | None:
         chunks: list[bytes] = []
