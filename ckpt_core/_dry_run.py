@@ -11,8 +11,9 @@ modules are imported when a dry run runs.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any, Final
 
@@ -121,8 +122,15 @@ def measure_shape(measure: Mapping[str, Any] | None) -> Workload | None:
             f"unknown measure field(s) {unknown}; known: {list(MEASURE_FIELDS)}",
             field=f"measure.{unknown[0]}",
         )
-    try:
+    with _as_measure_errors():
         return Workload.from_dict(measure)
+
+
+@contextlib.contextmanager
+def _as_measure_errors() -> Iterator[None]:
+    """Name workload errors ``measure.<field>``: that is what the caller sent."""
+    try:
+        yield
     except InvalidWorkloadError as exc:
         field = (exc.field or "workload").replace("workload", "measure", 1)
         raise InvalidWorkloadError(exc.message.replace("workload", "measure"), field=field) from exc
@@ -137,5 +145,6 @@ def _measure(model: nn.Module, granularity: Granularity | None, shape: Workload)
     from ckpt_core._measure import measure_activation_bytes
 
     requested = {f.name: getattr(shape, f.name) for f in fields(shape) if f.name in MEASURE_FIELDS}
-    activation_bytes = measure_activation_bytes(model, granularity, **requested)
+    with _as_measure_errors():  # e.g. seq_len beyond GPT-2's learned positions
+        activation_bytes = measure_activation_bytes(model, granularity, **requested)
     return {"activation_bytes": int(activation_bytes), **requested}

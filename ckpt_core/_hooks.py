@@ -40,7 +40,7 @@ from ckpt_core._errors import CheckpointConflictError, InvalidGranularityError
 from ckpt_core._tiers import GRANULARITIES
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
 
     from torch import nn
 
@@ -277,15 +277,18 @@ def install_selective_hooks(model: nn.Module, granularity: str) -> int:
     return install_checkpoint_hooks(model, granularity).count
 
 
-def remove_checkpoint_hooks(model: nn.Module) -> int:
-    """Remove every hook this module installed on ``model``; return how many.
+def remove_checkpoint_hooks(model: nn.Module, names: Iterable[str] | None = None) -> int:
+    """Remove the hooks this module installed on ``model``; return how many.
 
+    ``names`` (as in ``HookReport.hooked``) limits removal to those modules, so
+    a caller can undo exactly its own install and leave others' hooks alone.
     Each module gets back exactly the forward it had: the class's, or the
     instance forward that was there before the hook.
     """
+    wanted = None if names is None else set(names)
     removed = 0
-    for module in model.modules():
-        if is_hooked(module):
+    for name, module in model.named_modules():
+        if is_hooked(module) and (wanted is None or name in wanted):
             _unhook(module)
             removed += 1
     return removed

@@ -296,6 +296,7 @@ def _hooks(model: nn.Module, granularity: str) -> Iterator[None]:
         install_checkpoint_hooks,
         is_hf_checkpointing_enabled,
         is_hooked,
+        remove_checkpoint_hooks,
     )
 
     if is_hf_checkpointing_enabled(model):
@@ -325,16 +326,7 @@ def _hooks(model: nn.Module, granularity: str) -> Iterator[None]:
             )
         yield
     finally:
-        _unhook_named(model, report.hooked)
-
-
-def _unhook_named(model: nn.Module, names: tuple[str, ...]) -> None:
-    """Remove the hooks of exactly these modules (the ones this measurement added)."""
-    from ckpt_core._hooks import _unhook  # no public per-module removal in _hooks
-
-    modules = dict(model.named_modules())
-    for name in names:
-        _unhook(modules[name])
+        remove_checkpoint_hooks(model, report.hooked)
 
 
 @contextlib.contextmanager

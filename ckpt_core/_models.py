@@ -374,7 +374,7 @@ def build_meta_model(
     cls = _model_class(hf_config, cfg.config.get("architectures"))
     kwargs: dict[str, Any] = {}
     if attention is not None:
-        kwargs["attn_implementation"] = _build_attention(attention)
+        kwargs["attn_implementation"] = _build_attention(attention, cls)
     try:
         with torch.device("meta"):
             model = cls._from_config(hf_config, **kwargs)
@@ -388,11 +388,18 @@ def build_meta_model(
     return model
 
 
-def _build_attention(attention: object) -> str:
+def _build_attention(attention: object, cls: type[nn.Module]) -> str:
+    """The implementation to build with; a class without SDPA support builds eager.
+
+    Some families (e.g. Gemma 2) refuse ``sdpa``: the module tree is the same
+    either way, and the measurement decides what attention keeps.
+    """
     implementation = _BUILD_ATTENTION.get(attention) if isinstance(attention, str) else None
     if implementation is None:
         raise ModelConfigError(
             f"attention must be one of {', '.join(_BUILD_ATTENTION)}; got {attention!r}",
             field="attention",
         )
+    if implementation == "sdpa" and not getattr(cls, "_supports_sdpa", True):
+        return "eager"
     return implementation

@@ -237,3 +237,9 @@ def test_measured_full_keeps_less_than_off() -> None:
     assert off is not None and full is not None
     assert 0 < full["activation_bytes"] < off["activation_bytes"]
     assert (full["seq_len"], full["micro_batch_size"]) == (64, 1)
+
+
+def test_a_measurement_beyond_learned_positions_names_the_measure_field() -> None:
+    with pytest.raises(InvalidWorkloadError) as caught:
+        dry_run({"preset": "gpt2"}, "full", measure={"seq_len": 4096})
+    assert caught.value.field == "measure.seq_len"

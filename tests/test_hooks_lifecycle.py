@@ -251,3 +251,15 @@ def test_importing_the_hook_modules_loads_neither_torch_nor_transformers() -> No
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_remove_by_name_leaves_other_hooks_in_place() -> None:
+    from ckpt_core._hooks import remove_checkpoint_hooks
+
+    model = tiny_model("llama")
+    report = install_checkpoint_hooks(model, "selective")
+    first, *rest = report.hooked
+    assert remove_checkpoint_hooks(model, [first, "no.such.module"]) == 1
+    still = [name for name, module in model.named_modules() if "forward" in module.__dict__]
+    assert still == rest
+    assert remove_checkpoint_hooks(model) == len(rest)

@@ -333,6 +333,13 @@ def test_build_sets_the_attention_implementation(
     assert model.config._attn_implementation == implementation
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "flash_attention_2"])
+def test_a_family_without_sdpa_builds_eager(attention: str) -> None:
+    model = build_meta_model(load_model_config({"preset": "gemma-2-9b"}), attention=attention)
+    assert type(model)._supports_sdpa is False
+    assert model.config._attn_implementation == "eager"
+
+
 @pytest.mark.parametrize("attention", ["flash", "", 3])
 def test_build_rejects_unknown_attention(attention: object) -> None:
     with pytest.raises(ModelConfigError) as caught:

@@ -140,7 +140,7 @@ def remove_hooks(model: nn.Module, report: HookReport | None) -> int:
     """Remove exactly the hooks `report` installed (others, e.g. the user's, stay)."""
     if report is None:
         return 0
-    return sum(remove_checkpoint_hooks(model.get_submodule(name)) for name in report.hooked)
+    return remove_checkpoint_hooks(model, report.hooked)
 
 
 class CheckpointPlanCallback(TrainerCallback):
