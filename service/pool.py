@@ -13,6 +13,10 @@ Workers are forked from a forkserver that has already imported the preload
 modules (torch, transformers), so a replacement starts in milliseconds instead
 of re-importing for seconds.  Each worker runs `warm_up` once and reports ready
 before it takes jobs.  Only the asyncio event loop calls into the pool.
+
+Workers may run at a lower CPU priority (`niceness`): when jobs and requests
+compete for the same cores, the scheduler then favours the server's event
+loop, and a job only runs slower - it is background work with a time limit.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing
+import os
 import signal
 from collections.abc import Callable, Coroutine, Sequence
 from multiprocessing.connection import Connection
@@ -51,6 +56,7 @@ class WorkerPool:
     `job` and `warm_up` must be module-level functions (they are pickled by
     name).  At most `queue_limit` callers wait for a free worker; the next
     one gets `PoolBusyError`.  `timeout_s` bounds one job's run time.
+    `niceness` is added to each worker's nice value (0: same priority).
     """
 
     def __init__(
@@ -62,9 +68,11 @@ class WorkerPool:
         queue_limit: int,
         timeout_s: float,
         preload: Sequence[str] = (),
+        niceness: int = 0,
     ) -> None:
         self._job = job
         self._warm_up = warm_up
+        self._niceness = niceness
         self.size = size
         self.queue_limit = queue_limit
         self.timeout_s = timeout_s
@@ -195,7 +203,7 @@ class WorkerPool:
         parent_conn, child_conn = self._context.Pipe()
         process = self._context.Process(
             target=_serve,
-            args=(child_conn, self._job, self._warm_up),
+            args=(child_conn, self._job, self._warm_up, self._niceness),
             name="ckpt-dry-run",
             daemon=True,
         )
@@ -256,7 +264,9 @@ async def _receive(conn: Connection, timeout_s: float) -> Any:
     return conn.recv()
 
 
-def _serve(conn: Connection, job: Callable[[Any], Any], warm_up: Callable[[], None]) -> None:
+def _serve(
+    conn: Connection, job: Callable[[Any], Any], warm_up: Callable[[], None], niceness: int
+) -> None:
     """Worker main loop: warm up, say ready, then answer jobs until the pipe closes.
 
     `job` must not raise (it returns its errors as data); anything that still
@@ -264,6 +274,8 @@ def _serve(conn: Connection, job: Callable[[Any], Any], warm_up: Callable[[], No
     """
     # Ctrl-C in a terminal reaches the whole process group: the parent decides.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if niceness:
+        os.nice(niceness)
     try:
         warm_up()
     except Exception as exc:

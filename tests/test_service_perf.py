@@ -6,13 +6,16 @@ was made fast is still right.
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import os
 from unittest import mock
 
 from fastapi.testclient import TestClient
 
 import ckpt_core
 from service.metrics import Metrics
+from service.pool import WorkerPool
 from service.routes import plans
 from tests.conftest import metric, service_client
 
@@ -95,3 +98,35 @@ def test_heap_is_frozen_while_the_service_runs_and_released_after() -> None:
         assert gc.collect() >= 1
         assert metric(client, "ckpt_dry_run_workers_busy") == 0.0
     assert gc.get_freeze_count() == 0
+
+
+def _own_niceness(_: object) -> int:
+    return os.nice(0)
+
+
+def _no_warm_up() -> None:
+    return None
+
+
+def test_pool_workers_run_at_the_given_niceness() -> None:
+    async def niceness_of_workers() -> list[int]:
+        pools = [
+            WorkerPool(
+                job=_own_niceness,
+                warm_up=_no_warm_up,
+                size=1,
+                queue_limit=0,
+                timeout_s=30,
+                niceness=niceness,
+            )
+            for niceness in (0, 5)
+        ]
+        try:
+            await asyncio.gather(*(pool.start() for pool in pools))
+            return [await pool.run(None) for pool in pools]
+        finally:
+            await asyncio.gather(*(pool.close() for pool in pools))
+
+    plain, lowered = asyncio.run(niceness_of_workers())
+    assert plain == os.nice(0)
+    assert lowered == min(plain + 5, 19)
