@@ -36,7 +36,8 @@ Every error is `{"error": code, "detail": message, "field": path-or-null}`:
 400 for a body that is not valid JSON, 413 / 415 for its size / content type,
 408 for a body that arrives too slowly, 422 for invalid values, 429 (with
 Retry-After) when the dry-run pool is full, 504 when a dry run hits its time
-limit. 401 (with `WWW-Authenticate: Bearer`) when the deployment requires a
+limit, 503 when a request is still running as a shutdown's grace period
+ends. 401 (with `WWW-Authenticate: Bearer`) when the deployment requires a
 bearer token (`CKPT_AUTH_TOKENS`) and the request lacks it.
 """
 
@@ -46,6 +47,8 @@ _TRANSPORT_ERRORS: Final = {
     "or a wrong one, was sent; see WWW-Authenticate.",
     "408": "The request body did not arrive within the time limit.",
     "413": "The body is larger than the limit.",
+    "503": "The service is shutting down and its grace period ended before the answer; "
+    "retry (see Retry-After).",
 }
 _ERROR_SCHEMA: Final = {"$ref": "#/components/schemas/ErrorResponse"}
 BEARER_SCHEME: Final = "bearerAuth"

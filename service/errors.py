@@ -15,7 +15,8 @@ Status codes, one rule each:
 - 409: a ckpt_core error about state, not values (`CheckpointConflictError`);
 - 429 (+ ``Retry-After``): the dry-run pool and its queue are full;
 - 501: the dry run asked for a feature this build lacks;
-- 503: a dry-run worker died mid-run (it is replaced; retry);
+- 503: a dry-run worker died mid-run (it is replaced), or (+ ``Retry-After``) the
+  service is shutting down and its grace period ended mid-request; retry;
 - 504: a dry run hit its time limit (its worker was killed and replaced);
 - 500: a bug in the service, never input (logged with a traceback).
 """
@@ -79,6 +80,13 @@ class BodyTimeoutError(ServiceError):
 
     status = 408
     code = "body_timeout"
+
+
+class ServiceUnavailableError(ServiceError):
+    """The service stopped the request while shutting down (SIGTERM, grace period over)."""
+
+    status = 503
+    code = "shutting_down"
 
 
 class UnauthorizedError(ServiceError):

@@ -20,6 +20,7 @@ from service.errors import (
     BodyTimeoutError,
     BodyTooLargeError,
     ServiceError,
+    ServiceUnavailableError,
     error_response,
     service_error_response,
 )
@@ -73,6 +74,12 @@ class RequestContextMiddleware:
 
         try:
             await self.app(scope, receive, send_with_id)
+        except asyncio.CancelledError:
+            # uvicorn cancels the requests still running when the graceful-shutdown
+            # period ends: answer a retryable 503 rather than its plain-text 500.
+            if started:
+                raise
+            await service_error_response(_shutting_down())(scope, receive, send_with_id)
         except Exception:
             log.exception("unhandled error in %s %s", scope["method"], scope["path"])
             if started:
@@ -117,6 +124,14 @@ def raw_header(scope: Scope, name: bytes) -> str | None:
         if key == name:
             return value.decode("latin-1")
     return None
+
+
+def _shutting_down() -> ServiceUnavailableError:
+    return ServiceUnavailableError(
+        "the service is shutting down and stopped this request at the end of its "
+        "grace period; retry (another replica will answer)",
+        headers={"Retry-After": "1", "Connection": "close"},
+    )
 
 
 def _request_id(given: str | None) -> str:
