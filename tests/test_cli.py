@@ -89,6 +89,20 @@ def test_resolve_json_is_the_plan(args: list[str], kwargs: dict[str, Any]) -> No
     assert ckpt_json("resolve", *args) == make_plan(tier, **kwargs).to_dict()
 
 
+def test_resolve_with_a_model_is_the_model_aware_plan() -> None:
+    args = ["--tier", "auto", "--gpu", "L4", "--model", "llama-3.1-8b", "--seq-len", "8192"]
+    answer = ckpt_json("resolve", *args, "--method", "qlora")
+    expected = make_plan(
+        "auto",
+        gpu="L4",
+        model={"preset": "llama-3.1-8b"},
+        workload={"seq_len": 8192, "method": "qlora"},
+    )
+    assert answer == expected.to_dict()
+    assert set(answer["estimate"]["tiers"]) == {"off", "selective", "medium", "full"}
+    assert "seq_len <=" in answer["reason"]  # nothing fits: says what would
+
+
 def test_resolve_table_shows_kwargs_hooks_and_reason() -> None:
     plan = make_plan("selective", transformers_version="5.15.0")
     result = ckpt("resolve", "--tier", "selective", "--transformers-version", "5.15.0")
