@@ -17,7 +17,7 @@ import ckpt_core
 from service.metrics import Metrics
 from service.pool import WorkerPool
 from service.routes import plans
-from tests.conftest import metric, service_client
+from tests.conftest import TINY_CONFIG, metric, service_client
 
 
 def test_resolve_answers_are_made_once_per_distinct_request(api: TestClient) -> None:
@@ -61,6 +61,37 @@ def test_bad_input_is_never_cached(api: TestClient) -> None:
         response = api.post("/resolve", json={"tier": "fulll"})
         assert response.status_code == 422
         assert response.json()["error"] == "invalid_tier"
+
+
+MODEL_BODY: dict[str, object] = {
+    "tier": "auto",
+    "gpu": "A100-80GB",
+    "model": {"preset": "llama-3.2-1b"},
+    "workload": {"seq_len": 1024, "micro_batch_size": 1},
+}
+
+
+def test_model_answers_are_kept_by_canonical_body(api: TestClient) -> None:
+    reordered = dict(reversed(list(MODEL_BODY.items())))
+    longer = {**MODEL_BODY, "workload": {"seq_len": 2048, "micro_batch_size": 1}}
+    with mock.patch.object(plans, "plan_for", wraps=plans.plan_for) as plan_for:
+        first = api.post("/resolve", json=MODEL_BODY)
+        again = api.post("/resolve", json=reordered)
+        other = api.post("/resolve", json=longer)
+    assert first.status_code == again.status_code == other.status_code == 200
+    assert first.content == again.content
+    assert first.json()["estimate"]["assumptions"]["workload"]["seq_len"] == 1024
+    assert other.json()["estimate"]["assumptions"]["workload"]["seq_len"] == 2048
+    assert plan_for.call_count == 2  # the reordered body was a hit
+
+
+def test_large_model_bodies_are_answered_but_not_kept(api: TestClient) -> None:
+    config = {**TINY_CONFIG, "_name_or_path": "x" * plans.MAX_MODEL_KEY_CHARS}
+    body = {"tier": "full", "model": {"config": config}, "workload": {"seq_len": 64}}
+    with mock.patch.object(plans, "plan_for", wraps=plans.plan_for) as plan_for:
+        answers = [api.post("/resolve", json=body) for _ in range(2)]
+    assert [a.status_code for a in answers] == [200, 200], answers[0].text
+    assert plan_for.call_count == 2
 
 
 def test_describe_answers_json_and_text_from_one_plan(api: TestClient) -> None:

@@ -9,11 +9,19 @@ and serialisation - most of the service's own time on these routes (see the
 README's Performance section).  The caches are LRUs of `ANSWER_CACHE_SIZE`
 entries keyed by value AND type (``true`` and ``1`` stay apart); an error is
 raised before anything is stored, so bad input is never cached.
+
+With a model, the answer is just as pure a function of the body (and the
+service's config bounds), but takes milliseconds: it is computed in a thread
+and kept in an LRU of `MODEL_ANSWER_CACHE_SIZE` keyed by the bounds and the
+body as canonical JSON (sorted keys: the same request in another key order is
+a hit; ``1`` and ``1.0`` stay apart).  Bodies whose key would exceed
+`MAX_MODEL_KEY_CHARS` are answered but not kept, which bounds the memory.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Query, Request, Response
@@ -23,6 +31,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ckpt_core._models import ConfigLimits, load_model_config
 from ckpt_core._plan import Plan, make_plan
+from service.cache import LRUCache
 from service.jsonbody import StrictJSONRoute
 from service.middleware import raw_header
 from service.negotiation import prefers_text
@@ -31,6 +40,8 @@ from service.schemas import DescribeResponse, PlanResponse, ResolveRequest, erro
 router = APIRouter(route_class=StrictJSONRoute, tags=["plans"])
 
 ANSWER_CACHE_SIZE: Final = 1024
+MODEL_ANSWER_CACHE_SIZE: Final = 256
+MAX_MODEL_KEY_CHARS: Final = 16 * 1024  # an inline 70B config is ~0.5 KiB
 JSON: Final = "application/json"
 # JSON scalars: hashable, so a request made of them can be a cache key.
 _SCALARS: Final = (str, int, float, type(None))
@@ -49,6 +60,15 @@ def _plan_answer(tier: Any, gpu_memory_gb: Any, gpu: Any, transformers_version: 
     """The JSON answer without a model (arguments as the client sent them; ckpt_core checks)."""
     plan = make_plan(tier, gpu_memory_gb, gpu=gpu, transformers_version=transformers_version)
     return _serialised(PlanResponse, plan.to_dict())
+
+
+# Only the event loop touches it (lookups and stores happen in the route).
+_model_answers = LRUCache(MODEL_ANSWER_CACHE_SIZE)
+
+
+def _model_key(body: ResolveRequest, limits: ConfigLimits) -> tuple[ConfigLimits, str] | None:
+    text = json.dumps(body.model_dump(), sort_keys=True, separators=(",", ":"))
+    return (limits, text) if len(text) <= MAX_MODEL_KEY_CHARS else None
 
 
 @functools.lru_cache(maxsize=ANSWER_CACHE_SIZE, typed=True)
@@ -87,9 +107,16 @@ async def resolve(body: ResolveRequest, request: Request) -> Any:
         if all(isinstance(value, _SCALARS) for value in scalars):
             return Response(_plan_answer(*scalars), media_type=JSON)
         return plan_for(body, limits).to_dict()  # ckpt_core names the bad field
-    # A model's validation and estimate take milliseconds (more on a family's
-    # first use, which imports its config code): not on the event loop.
-    return (await run_in_threadpool(plan_for, body, limits)).to_dict()
+    key = _model_key(body, limits)
+    answer = _model_answers.get(key) if key is not None else None
+    if answer is None:
+        # A model's validation and estimate take milliseconds (more on a family's
+        # first use, which imports its config code): not on the event loop.
+        plan = await run_in_threadpool(plan_for, body, limits)
+        answer = _serialised(PlanResponse, plan.to_dict())
+        if key is not None:
+            _model_answers.put(key, answer)
+    return Response(answer, media_type=JSON)
 
 
 @router.get(
