@@ -10,7 +10,9 @@ the same interpreter-speed budget.  It keeps every connection open
 histogram, per request, in microseconds.
 
 A small Lua script sets the method, body and headers and prints the summary
-as one JSON line from wrk's ``done`` hook.
+as one JSON line from wrk's ``done`` hook.  A body containing `COUNTER` gets
+a fresh integer there on every request (1024, 1025, ...), so each request is
+distinct (no cache can answer it).
 """
 
 from __future__ import annotations
@@ -22,11 +24,14 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+COUNTER = "@COUNTER@"
+
 _SCRIPT = """\
 wrk.method = {method}
 wrk.body = {body}
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Accept"] = "application/json"
+{request}
 done = function(summary, latency, requests)
   local e = summary.errors
   io.write(string.format(
@@ -62,8 +67,26 @@ def require_wrk() -> str:
     return path
 
 
+# With a COUNTER in the body: a new request each time, the counter spliced in.
+_COUNTING_REQUEST = """\
+local head, tail = {head}, {tail}
+local n = 1023
+request = function()
+  n = n + 1
+  return wrk.format(nil, nil, nil, head .. n .. tail)
+end
+"""
+
+
 def _lua_string(text: str) -> str:
     return "[==[" + text + "]==]"  # a long bracket: no escaping of the JSON body
+
+
+def _request_function(body: str | None) -> str:
+    if body is None or COUNTER not in body:
+        return ""
+    head, tail = body.split(COUNTER, 1)
+    return _COUNTING_REQUEST.format(head=_lua_string(head), tail=_lua_string(tail))
 
 
 def run_wrk(
@@ -73,6 +96,7 @@ def run_wrk(
     script = _SCRIPT.format(
         method=_lua_string("POST" if body is not None else "GET"),
         body=_lua_string(body) if body is not None else "nil",
+        request=_request_function(body),
     )
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "load.lua"

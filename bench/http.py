@@ -12,7 +12,10 @@ for why) drives one endpoint at a time over loopback, at each concurrency,
 for a bounded time; the endpoints take turns within a round so drift on this
 shared machine hits all of them alike, and the tables show the median over
 rounds.  Ratios compare ``POST /resolve`` (no model) with the bare POST and
-``GET /describe`` with the bare GET.
+``GET /describe`` with the bare GET.  ``POST /resolve`` with a model runs
+twice: the same body on every request (``same``: answered from the service's
+cache after the first) and a new sequence length on every request (``new``:
+the estimate computed each time).
 
 The saturation run then keeps every dry-run worker busy - distinct 70B-class
 inline configs (cache misses), one more in flight than there are workers, so
@@ -40,16 +43,14 @@ from dataclasses import dataclass
 
 from bench._common import ROOT, bench_env, free_port, median, stop, table, wait_for_status
 from bench._dry_run_load import DryRunLoad
-from bench._wrk import Result, require_wrk, run_wrk
+from bench._wrk import COUNTER, Result, require_wrk, run_wrk
 
 NO_MODEL = json.dumps({"tier": "auto", "gpu": "A100-80GB"})
-WITH_MODEL = json.dumps(
-    {
-        "tier": "auto",
-        "gpu": "A100-80GB",
-        "model": {"preset": "llama-3.1-8b"},
-        "workload": {"seq_len": 4096, "micro_batch_size": 2, "method": "lora"},
-    }
+MODEL = {"tier": "auto", "gpu": "A100-80GB", "model": {"preset": "llama-3.1-8b"}}
+WITH_MODEL = json.dumps({**MODEL, "workload": {"seq_len": 4096, "method": "lora"}})
+# Every request a new sequence length: the estimate is computed, never cached.
+NEW_MODEL_REQUESTS = json.dumps({**MODEL, "workload": {"seq_len": 0, "method": "lora"}}).replace(
+    '"seq_len": 0', f'"seq_len": {COUNTER}'
 )
 DESCRIBE_QUERY = "?tier=auto&gpu=A100-80GB"
 READY_TIMEOUT_S = 180.0
@@ -67,8 +68,9 @@ BARE_POST = Endpoint("bare POST", True, "/bare/resolve", NO_MODEL)
 RESOLVE = Endpoint("POST /resolve", False, "/resolve", NO_MODEL)
 BARE_GET = Endpoint("bare GET", True, "/bare/describe" + DESCRIBE_QUERY)
 DESCRIBE = Endpoint("GET /describe", False, "/describe" + DESCRIBE_QUERY)
-RESOLVE_MODEL = Endpoint("POST /resolve + model", False, "/resolve", WITH_MODEL)
-ENDPOINTS = (BARE_POST, RESOLVE, BARE_GET, DESCRIBE, RESOLVE_MODEL)
+RESOLVE_MODEL = Endpoint("POST /resolve + model, same", False, "/resolve", WITH_MODEL)
+RESOLVE_NEW_MODEL = Endpoint("POST /resolve + model, new", False, "/resolve", NEW_MODEL_REQUESTS)
+ENDPOINTS = (BARE_POST, RESOLVE, BARE_GET, DESCRIBE, RESOLVE_MODEL, RESOLVE_NEW_MODEL)
 
 Runs = dict[tuple[str, int], list[Result]]
 
