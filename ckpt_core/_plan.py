@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckpt_core._errors import ModelConfigError
 from ckpt_core._gpus import gpu_memory_for, lookup_gpu
@@ -30,6 +30,9 @@ from ckpt_core._training_args import (
     trainer_settings,
 )
 from ckpt_core._workload import Workload
+
+if TYPE_CHECKING:
+    from ckpt_core._models import ModelConfig
 
 # The newest behaviour we know, used when no version is given and none is installed.
 ASSUMED_TRANSFORMERS_VERSION = "5.24.0"
@@ -78,13 +81,14 @@ def make_plan(
     *,
     gpu: str | None = None,
     transformers_version: str | None = None,
-    model: Mapping[str, Any] | None = None,
+    model: Mapping[str, Any] | ModelConfig | None = None,
     workload: Mapping[str, Any] | Workload | None = None,
 ) -> Plan:
     """Resolve a tier into a `Plan`.
 
     Without a model, ``auto`` uses the seed's VRAM thresholds.  With ``model``
-    (``{"preset": NAME}`` or ``{"config": {...}}``) and ``workload`` (at least
+    (``{"preset": NAME}``, ``{"config": {...}}``, or a `ModelConfig` already
+    validated by `load_model_config` against caller-chosen bounds) and ``workload`` (at least
     ``seq_len``; see `Workload`), every tier is estimated (``Plan.estimate``)
     and ``auto`` picks the cheapest tier whose peak fits the GPU memory less
     the headroom - full when no GPU memory is given, or when nothing fits
