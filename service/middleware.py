@@ -140,6 +140,13 @@ def _request_id(given: str | None) -> str:
     return uuid.uuid4().hex
 
 
+# On a refused body the rest of it is unread: the connection cannot carry another
+# request.  Left open, uvicorn would keep it for a client that goes on sending (every
+# byte received cancels its keep-alive timer, re-armed only by a response): a
+# trickler would hold it for good.  Closing ends both.
+_CLOSE: Final = {"Connection": "close"}
+
+
 class BodyLimitMiddleware:
     """Bound the request body in size (413) and in time (408) before the app sees it.
 
@@ -172,7 +179,8 @@ class BodyLimitMiddleware:
 
     def _too_large(self, size: str) -> BodyTooLargeError:
         return BodyTooLargeError(
-            f"request body of {size} bytes is over the limit of {self.max_bytes} bytes"
+            f"request body of {size} bytes is over the limit of {self.max_bytes} bytes",
+            headers=_CLOSE,
         )
 
     def _check_declared_length(self, value: str | None) -> None:
@@ -180,7 +188,7 @@ class BodyLimitMiddleware:
             return
         digits = value.strip()
         if not (digits.isascii() and digits.isdigit()):  # isdigit alone admits '²'
-            raise ServiceError(f"Content-Length {value!r} is not a byte count")
+            raise ServiceError(f"Content-Length {value!r} is not a byte count", headers=_CLOSE)
         if int(digits) > self.max_bytes:
             raise self._too_large(digits)
 
@@ -190,7 +198,8 @@ class BodyLimitMiddleware:
                 return await self._read_body(receive)
         except TimeoutError:
             raise BodyTimeoutError(
-                f"the request body did not arrive within {self.timeout_s:g} s of the headers"
+                f"the request body did not arrive within {self.timeout_s:g} s of the headers",
+                headers=_CLOSE,
             ) from None
 
     async def _read_body(self, receive: Receive) -> bytes | None:
