@@ -1,7 +1,7 @@
 """HTTP requests/s and latency of the service next to a bare FastAPI endpoint, under wrk.
 
 Run: ``.venv/bin/python bench/http.py`` (needs ``apt-get install -y wrk``);
-``--duration`` seconds per wrk run (3), ``--rounds`` (3), ``--concurrency``
+``--duration`` seconds per wrk run (2), ``--rounds`` (5), ``--concurrency``
 (1 8 32 64), ``--skip-saturation``.
 
 One server process (``bench/_http_server.py``) serves the service, configured
@@ -42,7 +42,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from bench._common import ROOT, bench_env, free_port, median, stop, table, wait_for_status
-from bench._dry_run_load import DryRunLoad
+from bench._dry_run_load import DryRunLoad, summarize
 from bench._wrk import COUNTER, Result, require_wrk, run_wrk
 
 NO_MODEL = json.dumps({"tier": "auto", "gpu": "A100-80GB"})
@@ -149,6 +149,15 @@ def _medians(results: list[Result]) -> tuple[float, float, float]:
     )
 
 
+def _paired(ours: list[Result], base: list[Result]) -> tuple[float, float]:
+    """Median over rounds of (req/s ratio, p99 ratio), each round's two runs back to back."""
+    pairs = list(zip(ours, base, strict=True))
+    return (
+        median([a.rps / b.rps for a, b in pairs]),
+        median([a.p99_ms / b.p99_ms for a, b in pairs]),
+    )
+
+
 def throughput_table(runs: Runs, endpoints: tuple[Endpoint, ...], concurrency: list[int]) -> str:
     rows = []
     for endpoint in endpoints:
@@ -164,9 +173,9 @@ def ratio_table(runs: Runs, concurrency: list[int]) -> tuple[str, bool]:
     rows, all_met = [], True
     for ours, bare in ((RESOLVE, BARE_POST), (DESCRIBE, BARE_GET)):
         for connections in concurrency:
-            rps, _, p99 = _medians(runs[ours.name, connections])
-            bare_rps, _, bare_p99 = _medians(runs[bare.name, connections])
-            rps_ratio, p99_ratio = rps / bare_rps, p99 / bare_p99
+            rps_ratio, p99_ratio = _paired(
+                runs[ours.name, connections], runs[bare.name, connections]
+            )
             met = rps_ratio >= 0.9 and p99_ratio <= 1.5
             all_met &= met
             rows.append(
@@ -176,18 +185,58 @@ def ratio_table(runs: Runs, concurrency: list[int]) -> tuple[str, bool]:
     return table(headers, rows), all_met
 
 
-def saturation_table(
-    idle: Runs, busy: Runs, concurrency: list[int], load: DryRunLoad
-) -> tuple[str, bool]:
+def run_saturation(
+    server: Server, concurrency: list[int], rounds: int, s: float
+) -> tuple[Runs, list[DryRunLoad]]:
+    """Per round: /resolve idle, then /resolve while dry runs keep the pool busy."""
+    runs: Runs = defaultdict(list)
+    loads = []
+    for connections in concurrency:
+        for round_number in range(rounds):
+            idle = measure(server, RESOLVE, connections, s)
+            with DryRunLoad(server.service_url) as load:
+                load.wait_busy()
+                busy = measure(server, RESOLVE, connections, s)
+            loads.append(load)
+            runs["idle", connections].append(idle)
+            runs["busy", connections].append(busy)
+            print(
+                f"  c={connections:<3} round {round_number + 1}/{rounds} /resolve idle "
+                f"{idle.rps:6.0f} req/s p99 {idle.p99_ms:6.2f} ms | busy {busy.rps:6.0f} req/s "
+                f"p99 {busy.p99_ms:6.2f} ms",
+                flush=True,
+            )
+    return runs, loads
+
+
+def saturation_table(runs: Runs, concurrency: list[int]) -> tuple[str, bool]:
     rows, all_met = [], True
     for connections in concurrency:
-        _, _, idle_p99 = _medians(idle[RESOLVE.name, connections])
-        rps, p50, p99 = _medians(busy[RESOLVE.name, connections])
-        met = p99 / idle_p99 <= 1.5
+        idle, busy = runs["idle", connections], runs["busy", connections]
+        _, p99_ratio = _paired(busy, idle)
+        met = p99_ratio <= 1.5
         all_met &= met
-        rows.append([connections, rps, p50, idle_p99, p99, p99 / idle_p99, _yes(met)])
-    headers = ["conc.", "req/s", "p50 ms", "idle p99 ms", "busy p99 ms", "ratio (<= 1.5)", "met"]
-    return table(headers, rows) + "\n\n" + load.summary(), all_met
+        rows.append(
+            [
+                connections,
+                _medians(idle)[0],
+                _medians(busy)[0],
+                _medians(idle)[2],
+                _medians(busy)[2],
+                p99_ratio,
+                _yes(met),
+            ]
+        )
+    headers = [
+        "conc.",
+        "idle req/s",
+        "busy req/s",
+        "idle p99 ms",
+        "busy p99 ms",
+        "p99 ratio (<= 1.5)",
+        "met",
+    ]
+    return table(headers, rows), all_met
 
 
 def _yes(met: bool) -> str:
@@ -196,8 +245,8 @@ def _yes(met: bool) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--duration", type=float, default=3.0, help="seconds per wrk run")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=2.0, help="seconds per wrk run")
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
     parser.add_argument("--skip-saturation", action="store_true")
     args = parser.parse_args()
@@ -225,12 +274,10 @@ def _report(server: Server, args: argparse.Namespace) -> None:
     print(ratios)
     saturation_met = None
     if not args.skip_saturation:
-        with DryRunLoad(server.service_url) as load:
-            load.wait_busy()
-            busy = run_matrix(server, (RESOLVE,), args.concurrency, args.rounds, args.duration)
+        runs, loads = run_saturation(server, args.concurrency, args.rounds, args.duration)
         print("\n## POST /resolve while dry runs saturate their pool\n")
-        text, saturation_met = saturation_table(idle, busy, args.concurrency, load)
-        print(text)
+        text, saturation_met = saturation_table(runs, args.concurrency)
+        print(f"{text}\n\n{summarize(loads)}")
     print(
         f"\ntargets: service vs bare {_yes(ratios_met)}; under dry-run load "
         f"{'skipped' if saturation_met is None else _yes(saturation_met)} "
