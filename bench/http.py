@@ -2,7 +2,7 @@
 
 Run: ``.venv/bin/python bench/http.py`` (needs ``apt-get install -y wrk``);
 ``--duration`` seconds per wrk run (2), ``--rounds`` (5), ``--concurrency``
-(1 8 32 64), ``--skip-saturation``.
+(1 8 32 64), ``--part`` (all, matrix or saturation).
 
 One server process (``bench/_http_server.py``) serves the service, configured
 as ``python -m service`` configures it (``CKPT_*`` settings, JSON access log
@@ -17,10 +17,11 @@ twice: the same body on every request (``same``: answered from the service's
 cache after the first) and a new sequence length on every request (``new``:
 the estimate computed each time).
 
-The saturation run then keeps every dry-run worker busy - distinct 70B-class
-inline configs (cache misses), one more in flight than there are workers, so
-one always waits in the queue - and measures ``POST /resolve`` again; its p99
-is compared with the idle p99 of the same concurrency from the first part.
+The saturation run then measures ``POST /resolve`` twice per round: idle,
+then while every dry-run worker is kept busy - distinct 70B-class inline
+configs (cache misses), one more in flight than there are workers, so one
+always waits in the queue.  Its p99 ratio is the median over rounds of busy
+p99 / idle p99 (each pair back to back).
 """
 
 # ruff: noqa: E402 - sys.path must be fixed before the imports below (see the comment there)
@@ -35,6 +36,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import argparse
 import json
+import os
 import subprocess
 import tempfile
 import time
@@ -243,12 +245,21 @@ def _yes(met: bool) -> str:
     return "yes" if met else "NO"
 
 
+def _verdict(met: bool | None) -> str:
+    return "not run" if met is None else _yes(met)
+
+
+def _load() -> str:
+    """The 1, 5 and 15 minute load averages: how busy the machine was around the run."""
+    return " / ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=2.0, help="seconds per wrk run")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
-    parser.add_argument("--skip-saturation", action="store_true")
+    parser.add_argument("--part", choices=("all", "matrix", "saturation"), default="all")
     args = parser.parse_args()
     require_wrk()
     with tempfile.TemporaryDirectory() as folder:
@@ -257,7 +268,7 @@ def main() -> None:
             ready_s = wait_for_status(
                 server.service_url + "/readyz", server.process, READY_TIMEOUT_S
             )
-            print(f"server ready in {ready_s:.1f} s; warming up", flush=True)
+            print(f"server ready in {ready_s:.1f} s; load average {_load()}", flush=True)
             warm_up(server, ENDPOINTS)
             _report(server, args)
         finally:
@@ -266,22 +277,23 @@ def main() -> None:
 
 def _report(server: Server, args: argparse.Namespace) -> None:
     started = time.perf_counter()
-    idle = run_matrix(server, ENDPOINTS, args.concurrency, args.rounds, args.duration)
-    print("\n## Requests/s and latency (median of rounds)\n")
-    print(throughput_table(idle, ENDPOINTS, args.concurrency))
-    ratios, ratios_met = ratio_table(idle, args.concurrency)
-    print("\n## Service vs bare FastAPI (same process, same loop)\n")
-    print(ratios)
-    saturation_met = None
-    if not args.skip_saturation:
+    ratios_met = saturation_met = None
+    if args.part in ("all", "matrix"):
+        idle = run_matrix(server, ENDPOINTS, args.concurrency, args.rounds, args.duration)
+        print("\n## Requests/s and latency (median of rounds)\n")
+        print(throughput_table(idle, ENDPOINTS, args.concurrency))
+        ratios, ratios_met = ratio_table(idle, args.concurrency)
+        print("\n## Service vs bare FastAPI (same process, same loop)\n")
+        print(ratios)
+    if args.part in ("all", "saturation"):
         runs, loads = run_saturation(server, args.concurrency, args.rounds, args.duration)
         print("\n## POST /resolve while dry runs saturate their pool\n")
         text, saturation_met = saturation_table(runs, args.concurrency)
         print(f"{text}\n\n{summarize(loads)}")
     print(
-        f"\ntargets: service vs bare {_yes(ratios_met)}; under dry-run load "
-        f"{'skipped' if saturation_met is None else _yes(saturation_met)} "
-        f"({time.perf_counter() - started:.0f} s of measurement)"
+        f"\ntargets: service vs bare {_verdict(ratios_met)}; under dry-run load "
+        f"{_verdict(saturation_met)} ({time.perf_counter() - started:.0f} s of measurement; "
+        f"load average {_load()})"
     )
 
 
