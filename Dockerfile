@@ -1,7 +1,7 @@
 # ckpt-advisor service: FastAPI over ckpt_core, CPU-only torch, non-root, offline.
 #
 #   docker build -t ckpt-advisor .
-#   docker run --rm -p 8000:8000 ckpt-advisor
+#   docker run --rm -p 8000:8000 --read-only --tmpfs /tmp ckpt-advisor
 #
 # Settings are CKPT_* environment variables (README, "Service").
 
@@ -44,8 +44,12 @@ USER 10001:10001
 WORKDIR /home/ckpt
 
 # Never reach the Hub: configs come from bundled presets or the request.
+# Runs on a read-only root filesystem with a tmpfs on /tmp (--read-only
+# --tmpfs /tmp): scripts/container_test.sh finds only the forkserver's
+# socket directory and torch's inductor cache directory written there; the
+# Hugging Face cache root points there too, not into the read-only home.
 ENV HF_HUB_OFFLINE=1 \
-    HF_HOME=/home/ckpt/.cache/huggingface \
+    HF_HOME=/tmp/huggingface \
     CKPT_HOST=0.0.0.0 \
     CKPT_PORT=8000 \
     CKPT_PROXY_HEADERS=true \

@@ -7,10 +7,13 @@
 # /opt/wheels.  Runs unattended as root (CI); about 4-5 minutes.
 #
 # Checks: hadolint; the image builds (docker format, so HEALTHCHECK is kept);
-# /healthz answers; `podman healthcheck run` passes; /readyz turns 200; POST
-# /resolve and POST /dry-run answer through the published port and from
-# inside the container; the process is not root.  Everything it creates lives
-# in a temp dir and is removed on exit.
+# the container runs hardened - read-only root filesystem with only /tmp
+# writable (a tmpfs), no capabilities, no privilege escalation; /healthz
+# answers; `podman healthcheck run` passes; /readyz turns 200; POST /resolve
+# (with an estimate) and POST /dry-run (with a measurement) answer through the
+# published port and from inside the container; nothing outside /tmp is
+# writable; the process is not root; SIGTERM stops it gracefully.  Everything
+# it creates lives in a temp dir and is removed on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -114,7 +117,12 @@ step "image size: $(podman image inspect --format '{{.Size}}' "$IMAGE" | awk '{p
 step "run"
 # No systemd here: podman logs that it cannot add healthcheck timers (harmless;
 # the healthcheck is run explicitly below), so its stderr goes to a file.
-podman run -d --name "$NAME" -p "127.0.0.1:$PORT:8000" "$IMAGE" >/dev/null 2>>"$WORK/podman.log"
+# Read-only root, /tmp the only writable place (--read-only-tmpfs=false: podman
+# would otherwise also make /var/tmp and /run writable).
+podman run -d --name "$NAME" -p "127.0.0.1:$PORT:8000" \
+    --read-only --read-only-tmpfs=false --tmpfs /tmp:rw,size=64m,mode=1777 \
+    --cap-drop=ALL --security-opt=no-new-privileges \
+    "$IMAGE" >/dev/null 2>>"$WORK/podman.log"
 URL="http://127.0.0.1:$PORT"
 
 wait_for() {  # wait_for PATH SECONDS
@@ -144,6 +152,15 @@ dry_run="$(curl -fsS -H 'Content-Type: application/json' \
     -d '{"tier": "selective", "model": {"preset": "llama-3.2-1b"}}' "$URL/dry-run")"
 expect "$dry_run" 'data["hooked"] == data["blocks"] == 16 and data["architecture"] == "LlamaForCausalLM"'
 step "POST /dry-run: llama-3.2-1b selective hooks 16 attention modules"
+measured="$(curl -fsS -H 'Content-Type: application/json' \
+    -d '{"tier": "medium", "model": {"preset": "qwen2.5-0.5b"}, "measure": {"seq_len": 512}}' \
+    "$URL/dry-run")"
+expect "$measured" 'data["measured"]["activation_bytes"] > 0'
+estimate="$(curl -fsS -H 'Content-Type: application/json' \
+    -d '{"tier": "auto", "gpu": "A100-80GB", "model": {"preset": "llama-3.1-8b"}, "workload": {"seq_len": 4096, "method": "lora"}}' \
+    "$URL/resolve")"
+expect "$estimate" 'set(data["estimate"]["tiers"]) == {"off", "selective", "medium", "full"}'
+step "a measured dry run and an estimate work on the read-only filesystem"
 bad="$(curl -sS -o /dev/null -w '%{http_code}' -H 'Content-Type: application/json' \
     -d '{"tier": "fulll"}' "$URL/resolve")"
 [[ "$bad" == 422 ]] || fail "an unknown tier answered $bad, not 422"
@@ -159,6 +176,17 @@ print(json.load(urllib.request.urlopen(request, timeout=60))["blocks"])
 ')"
 [[ "$inside" == 12 ]] || fail "POST /dry-run inside the container answered $inside"
 step "POST /dry-run from inside the container: gpt2 has 12 blocks"
+
+# As root, whom only a read-only mount stops (it owns /), and as the service
+# user in its own home: each write must fail for that reason, not for a permission.
+for probe in "0 /" "0 /opt/venv" "0 /var/tmp" "10001 /home/ckpt"; do
+    read -r user dir <<<"$probe"
+    why="$(podman exec --user "$user" "$NAME" touch "$dir/.write-probe" 2>&1)" \
+        && fail "uid $user could write to $dir: the root filesystem is not read-only"
+    [[ "$why" == *"Read-only file system"* ]] || fail "writing to $dir failed, but not read-only: $why"
+done
+podman exec "$NAME" touch /tmp/.write-probe || fail "/tmp is not writable"
+step "read-only root filesystem; /tmp holds: $(podman exec "$NAME" sh -c 'cd /tmp && ls -A | tr "\n" " "')"
 
 uid="$(podman exec "$NAME" id -u)"
 [[ "$uid" != 0 ]] || fail "the service runs as root"
