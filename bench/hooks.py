@@ -1,7 +1,7 @@
 """Our checkpoint hooks next to HF's native checkpointing, on a small Llama on CPU.
 
 Run: ``.venv/bin/python bench/hooks.py`` (``--layers`` 8, ``--hidden`` 256,
-``--seq-len`` 256, ``--batch`` 2, ``--steps`` 5).
+``--seq-len`` 256, ``--batch`` 2, ``--steps`` 7, ``--threads`` 1).
 
 Per configuration, on the same randomly initialised model (same seed):
 
@@ -11,8 +11,10 @@ Per configuration, on the same randomly initialised model (same seed):
   net CPU memory the torch profiler saw allocated and not freed during the
   forward - what the backward keeps, plus the logits and loss - measured
   the same way for every row and independent of ckpt_core's own accounting;
-- step time: the median of ``--steps`` forward + backward passes after one
-  warm-up step (real tensors, CPU threads as torch sets them).
+- step time: forward + backward with real tensors on ``--threads`` CPU
+  threads (1: on a shared machine more threads mostly measure the
+  neighbours); the rows take turns step by step, after one warm-up step
+  each, and the table shows the median of ``--steps``.
 
 Rows: no checkpointing; ours (``install_checkpoint_hooks``) selective,
 medium and full; HF's ``activation_checkpointing_enable()`` (full) and
@@ -116,27 +118,29 @@ def held_after_forward(model: Any, ids: Any) -> int:
     return int(held)
 
 
-def step_time_ms(model: Any, ids: Any, steps: int) -> float:
-    step(model, ids)  # warm-up
-    times = []
-    for _ in range(steps):
-        started = time.perf_counter()
-        step(model, ids)
-        times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times)
+def _timed_step(model: Any, ids: Any) -> float:
+    started = time.perf_counter()
+    step(model, ids)
+    return (time.perf_counter() - started) * 1000
 
 
-def measure(name: str, args: argparse.Namespace) -> Row:
+def measure_all(args: argparse.Namespace) -> dict[str, Row]:
     import torch
 
-    model = build(name, args)
-    ids = torch.randint(0, model.config.vocab_size, (args.batch, args.seq_len))
-    return Row(
-        name=name,
-        flops=count_flops(model, ids),
-        held_bytes=held_after_forward(model, ids),
-        step_ms=step_time_ms(model, ids, args.steps),
-    )
+    torch.set_num_threads(args.threads)
+    models = {name: build(name, args) for name in ROWS}
+    ids = torch.randint(0, models["off"].config.vocab_size, (args.batch, args.seq_len))
+    flops = {name: count_flops(model, ids) for name, model in models.items()}
+    held = {name: held_after_forward(model, ids) for name, model in models.items()}
+    times: dict[str, list[float]] = {name: [] for name in ROWS}
+    for model in models.values():
+        step(model, ids)  # warm-up
+    for _ in range(args.steps):  # turns: drift on the machine hits every row alike
+        for name, model in models.items():
+            times[name].append(_timed_step(model, ids))
+    return {
+        name: Row(name, flops[name], held[name], statistics.median(times[name])) for name in ROWS
+    }
 
 
 def checks(rows: dict[str, Row]) -> list[tuple[str, bool, str]]:
@@ -169,13 +173,14 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
-    rows = {name: measure(name, args) for name in ROWS}
+    rows = measure_all(args)
     off = rows["off"]
     print(
         f"Llama, {args.layers} layers, hidden {args.hidden}, batch {args.batch} x seq "
-        f"{args.seq_len}, fp32 on CPU\n"
+        f"{args.seq_len}, fp32 on CPU, {args.threads} thread(s)\n"
     )
     body = [
         [
