@@ -3,20 +3,24 @@
 Used where the TestClient is not enough: slow clients, RSS, signals, worker
 processes, the network guard.  `start_server` returns once ``/readyz`` is 200
 (the dry-run workers warm); `ServerProcess.stop` sends SIGTERM, then SIGKILL
-if the process outlives its grace.
+if the process outlives its grace.  `raw_exchange` talks to it over a plain
+socket, for clients httpx will not imitate.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import httpx
 import psutil
@@ -145,3 +149,65 @@ def _wait_ready(server: ServerProcess) -> None:
             pass
         time.sleep(0.1)
     raise RuntimeError(f"service not ready after {READY_TIMEOUT_S} s: {server.log_text()[-4000:]}")
+
+
+@dataclass
+class RawAnswer:
+    status: int
+    headers: dict[str, str]
+    body: dict[str, Any]
+    seconds: float  # from the first byte sent to the whole answer received
+    closed: bool  # the server closed the connection within answer_within_s of it
+
+
+def raw_exchange(
+    port: int, head: bytes, chunks: Iterator[bytes], answer_within_s: float = 1.0
+) -> RawAnswer:
+    """Send `head`, then `chunks` from a background thread while reading the answer.
+
+    For clients httpx will not imitate: one that trickles its body, or keeps
+    uploading after the server has answered.
+    """
+    sock = socket.create_connection((LOOPBACK, port), timeout=10)
+    started = time.monotonic()
+    sock.sendall(head)
+    stop = threading.Event()
+
+    def feed() -> None:
+        for chunk in chunks:
+            if stop.is_set():
+                return
+            try:
+                sock.sendall(chunk)
+            except OSError:  # the server answered and closed: expected
+                return
+
+    threading.Thread(target=feed, daemon=True).start()
+    try:
+        received = b""
+        while b"\r\n\r\n" not in received:
+            received += _receive(sock)
+        head_text, _, body = received.partition(b"\r\n\r\n")
+        lines = head_text.decode("latin-1").split("\r\n")
+        headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+        while len(body) < int(headers["content-length"]):
+            body += _receive(sock)
+        seconds = time.monotonic() - started
+        sock.settimeout(answer_within_s)
+        try:
+            closed = sock.recv(1) == b""
+        except ConnectionResetError:
+            closed = True  # closed with our unread upload in its buffer
+        except TimeoutError:
+            closed = False
+    finally:
+        stop.set()
+        sock.close()
+    return RawAnswer(int(lines[0].split(" ", 2)[1]), headers, json.loads(body), seconds, closed)
+
+
+def _receive(sock: socket.socket) -> bytes:
+    chunk = sock.recv(65536)
+    if not chunk:
+        raise ConnectionError("the server closed the connection before a whole answer")
+    return chunk

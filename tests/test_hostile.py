@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -26,7 +24,13 @@ from typing import Any
 import httpx
 import pytest
 
-from tests._server import LOOPBACK, REPO, ServerProcess, forkserver_processes, start_server
+from tests._server import (
+    REPO,
+    ServerProcess,
+    forkserver_processes,
+    raw_exchange,
+    start_server,
+)
 from tests.conftest import TINY_CONFIG
 
 NETGUARD = REPO / "tests" / "netguard"
@@ -287,59 +291,6 @@ def test_hostile_input_gets_a_clear_4xx_fast(guarded: Guarded, name: str) -> Non
     assert guarded.attempts() == []
 
 
-@dataclass
-class RawAnswer:
-    status: int
-    headers: dict[str, str]
-    body: dict[str, Any]
-    seconds: float  # from the first byte sent to the whole answer received
-    closed: bool  # the server closed the connection right after it
-
-
-def _raw_exchange(port: int, head: bytes, chunks: Iterator[bytes]) -> RawAnswer:
-    """Send `head`, then `chunks` from a background thread while reading the answer.
-
-    For clients httpx will not imitate: one that trickles its body, or keeps
-    uploading after the server has answered.
-    """
-    sock = socket.create_connection((LOOPBACK, port), timeout=10)
-    started = time.monotonic()
-    sock.sendall(head)
-    stop = threading.Event()
-
-    def feed() -> None:
-        for chunk in chunks:
-            if stop.is_set():
-                return
-            try:
-                sock.sendall(chunk)
-            except OSError:  # the server answered and closed: expected
-                return
-
-    threading.Thread(target=feed, daemon=True).start()
-    try:
-        received = b""
-        while b"\r\n\r\n" not in received:
-            received += sock.recv(65536)
-        head_text, _, body = received.partition(b"\r\n\r\n")
-        lines = head_text.decode("latin-1").split("\r\n")
-        headers = dict(line.lower().split(": ", 1) for line in lines[1:])
-        while len(body) < int(headers["content-length"]):
-            body += sock.recv(65536)
-        seconds = time.monotonic() - started
-        sock.settimeout(ANSWER_WITHIN_S)
-        try:
-            closed = sock.recv(1) == b""
-        except ConnectionResetError:
-            closed = True  # closed with our unread upload in its buffer
-        except TimeoutError:
-            closed = False
-    finally:
-        stop.set()
-        sock.close()
-    return RawAnswer(int(lines[0].split(" ", 2)[1]), headers, json.loads(body), seconds, closed)
-
-
 def _trickle(byte: bytes, every_s: float) -> Iterator[bytes]:
     for _ in range(600):
         time.sleep(every_s)
@@ -358,7 +309,7 @@ def test_a_slow_client_is_cut_off_with_408(guarded: Guarded, name: str, chunks: 
         b"POST /resolve HTTP/1.1\r\nHost: service\r\nContent-Type: application/json\r\n"
         b"Content-Length: 100000\r\n\r\n{"
     )
-    answer = _raw_exchange(guarded.server.port, head, chunks())
+    answer = raw_exchange(guarded.server.port, head, chunks())
     assert answer.status == 408, answer.body
     _assert_error_shape(answer.body)
     assert answer.body["error"] == "body_timeout"
@@ -374,7 +325,7 @@ def test_a_10_mb_chunked_upload_is_cut_off_at_the_limit(guarded: Guarded) -> Non
     )
     piece = b" " * 65536
     chunk = b"%x\r\n%s\r\n" % (len(piece), piece)
-    answer = _raw_exchange(guarded.server.port, head, iter([chunk] * 160))  # 10 MiB
+    answer = raw_exchange(guarded.server.port, head, iter([chunk] * 160))  # 10 MiB
     assert answer.status == 413, answer.body
     assert answer.body["error"] == "body_too_large"
     assert answer.seconds < ANSWER_WITHIN_S
