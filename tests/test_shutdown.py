@@ -12,7 +12,8 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -86,24 +87,29 @@ def _leftovers(since: float, timeout_s: float = 10.0) -> list[int]:
     return [process.pid for process in left]
 
 
-def _start(tmp_path: Path, grace_s: int) -> tuple[ServerProcess, float]:
-    """A service with one worker; also when it started, to find its helper processes."""
+@contextmanager
+def _running(tmp_path: Path, grace_s: int) -> Iterator[ServerProcess]:
+    """A service with one worker; stopped on the way out whatever happened, and then
+    (when the test passed) its forkserver and workers checked gone."""
     server = start_server(
         tmp_path / "server.log",
         {"DRY_RUN_WORKERS": "1", "GRACEFUL_SHUTDOWN_S": str(grace_s), "DRY_RUN_TIMEOUT_S": "60"},
     )
-    since = server.started_at()
-    # The scan that must come back empty finds the running ones: forkserver + worker.
-    assert len(forkserver_processes(since)) >= 2, "expected a forkserver and a dry-run worker"
-    return server, since
+    try:
+        since = server.started_at()
+        # The scan that must come back empty finds the running ones: forkserver + worker.
+        assert len(forkserver_processes(since)) >= 2, "expected a forkserver and a dry-run worker"
+        yield server
+    finally:
+        server.stop()
+    assert _leftovers(since) == [], "dry-run workers or their forkserver outlived the service"
 
 
 def test_sigterm_lets_a_running_dry_run_finish_and_refuses_new_connections(
     tmp_path: Path,
 ) -> None:
     grace_s = 20
-    server, since = _start(tmp_path, grace_s)
-    try:
+    with _running(tmp_path, grace_s) as server:
         thread, outcome = _in_background(
             lambda: httpx.post(f"{server.base_url}/dry-run", json=SLOW_DRY_RUN, timeout=60)
         )
@@ -122,16 +128,12 @@ def test_sigterm_lets_a_running_dry_run_finish_and_refuses_new_connections(
         # uvicorn re-raises the SIGTERM it handled once shutdown is complete.
         assert server.process.wait(timeout=grace_s) in (0, -signal.SIGTERM)
         assert time.monotonic() - sent < grace_s
-    finally:
-        server.stop()
-    assert _leftovers(since) == [], "dry-run workers or their forkserver outlived the service"
     assert "Application shutdown complete." in server.log_text()
 
 
 def test_a_dry_run_past_the_grace_period_is_cut_and_nothing_is_left(tmp_path: Path) -> None:
     grace_s = 1
-    server, since = _start(tmp_path, grace_s)
-    try:
+    with _running(tmp_path, grace_s) as server:
         thread, outcome = _in_background(
             lambda: httpx.post(f"{server.base_url}/dry-run", json=SLOW_DRY_RUN, timeout=60)
         )
@@ -147,7 +149,4 @@ def test_a_dry_run_past_the_grace_period_is_cut_and_nothing_is_left(tmp_path: Pa
         assert response.status_code == 503, response.text
         assert response.json()["error"] == "shutting_down"
         assert response.headers["Retry-After"] == "1"
-    finally:
-        server.stop()
-    assert _leftovers(since) == [], "dry-run workers or their forkserver outlived the service"
     assert "timeout graceful shutdown exceeded" in server.log_text()
