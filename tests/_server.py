@@ -97,8 +97,15 @@ def forkserver_processes(since: float) -> list[psutil.Process]:
 
 
 def _is_forkserver(process: psutil.Process) -> bool:
+    """A forkserver (or its worker) of a service started from this checkout.
+
+    The working directory tells this checkout's servers from those of another
+    checkout whose tests run on the same machine at the same time.
+    """
     try:
-        return any("multiprocessing.forkserver" in part for part in process.cmdline())
+        return process.cwd() == str(REPO) and any(
+            "multiprocessing.forkserver" in part for part in process.cmdline()
+        )
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
 
