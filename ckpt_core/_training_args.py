@@ -30,7 +30,7 @@ MIN_TRANSFORMERS: Final[Version] = (4, 35, 0)
 EVERY_N_LAYERS_SINCE: Final[Version] = (5, 16, 0)
 ACTIVATION_NAMES_SINCE: Final[Version] = (5, 23, 0)
 
-_VERSION_RE: Final = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?(.*?)\s*$")
+_VERSION_RE: Final = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?(.*?)\s*$", re.ASCII)
 
 HookKind = Literal["medium", "selective"]
 

@@ -27,7 +27,9 @@ def test_version_parsing(text: str, parsed: tuple[int, int, int]) -> None:
     assert parse_transformers_version(text) == parsed
 
 
-@pytest.mark.parametrize("text", ["", "five", "5", "5.x", "5.24.0-foo", 5.24, "5.24.0 beta"])
+@pytest.mark.parametrize(
+    "text", ["", "five", "5", "5.x", "5.24.0-foo", 5.24, "5.24.0 beta", "５.２４.０"]
+)
 def test_bad_versions_are_errors(text: object) -> None:
     with pytest.raises(ckpt_core.UnsupportedTransformersVersionError) as raised:
         ckpt_core.make_plan("full", transformers_version=text)  # type: ignore[arg-type]
