@@ -12,9 +12,11 @@ import os
 import socket
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import IO
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,6 +31,17 @@ def free_port() -> int:
 def bench_env(**extra: str) -> dict[str, str]:
     """The environment of a child process: offline, plus `extra`."""
     return {**os.environ, "HF_HUB_OFFLINE": "1", **extra}
+
+
+def spawn_service(port: int, log: IO[bytes]) -> subprocess.Popen[bytes]:
+    """``python -m service`` on loopback `port` (production settings), output to `log`."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "service"],
+        cwd=ROOT,
+        env=bench_env(CKPT_PORT=str(port)),
+        stdout=log,
+        stderr=log,
+    )
 
 
 def http_status(url: str, timeout_s: float = 2.0) -> int | None:

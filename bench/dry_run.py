@@ -39,11 +39,11 @@ import time
 from collections.abc import Callable
 
 from bench._common import (
-    ROOT,
     bench_env,
     free_port,
     median,
     percentile,
+    spawn_service,
     stop,
     table,
     wait_for_status,
@@ -165,13 +165,7 @@ def service_table(presets: list[str]) -> tuple[str, float]:
     """First (miss) and repeated (hit) POST /dry-run per preset; the worst hit p50."""
     port = free_port()
     with tempfile.TemporaryFile() as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "service"],
-            cwd=ROOT,
-            env=bench_env(CKPT_PORT=str(port)),
-            stdout=log,
-            stderr=log,
-        )
+        process = spawn_service(port, log)
         try:
             wait_for_status(f"http://127.0.0.1:{port}/readyz", process, 180)
             connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)

@@ -28,7 +28,16 @@ import subprocess
 import tempfile
 import time
 
-from bench._common import ROOT, bench_env, free_port, median, stop, table, wait_for_status
+from bench._common import (
+    ROOT,
+    bench_env,
+    free_port,
+    median,
+    spawn_service,
+    stop,
+    table,
+    wait_for_status,
+)
 
 HEAVY = ("torch", "transformers", "pydantic", "fastapi")
 _LINE = re.compile(r"^import time:\s+(\d+) \|\s+(\d+) \|(\s*)(\S+)$")
@@ -84,13 +93,7 @@ def start_once() -> tuple[float, float]:
     base = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile() as log:
         started = time.perf_counter()
-        process = subprocess.Popen(
-            [sys.executable, "-m", "service"],
-            cwd=ROOT,
-            env=bench_env(CKPT_PORT=str(port)),
-            stdout=log,
-            stderr=log,
-        )
+        process = spawn_service(port, log)
         try:
             wait_for_status(base + "/healthz", process, READY_TIMEOUT_S)
             healthy = time.perf_counter() - started
