@@ -114,6 +114,8 @@ async def _rows(args: argparse.Namespace, log_stream: IO[str]) -> list[list[obje
     full = _service()
     no_context = _service(("RequestContextMiddleware",))
     no_middleware = _service(tuple(m.cls.__name__ for m in full.user_middleware))
+    for app in (full, no_context, no_middleware):  # access lines -> the file, as stderr would
+        app.state.request_log.stream = log_stream
     variants: list[tuple[str, App, tuple[str, str, bytes, bytes], str]] = [
         ("bare POST", bare, ("POST", BARE_RESOLVE, b"", BODY), "INFO"),
         ("service POST /resolve", full, resolve, "INFO"),

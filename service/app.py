@@ -22,6 +22,7 @@ from service.errors import install_error_handlers
 from service.logs import configure_logging
 from service.metrics import Metrics
 from service.middleware import BodyLimitMiddleware, RequestContextMiddleware
+from service.request_log import RequestLog
 from service.routes import dry_runs, ops, plans, presets
 from service.security import BearerAuthMiddleware, JSONCORSMiddleware, cors_options
 from service.settings import Settings
@@ -69,6 +70,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """
     settings = settings or Settings()
     metrics = Metrics()
+    request_log = RequestLog(metrics)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -83,6 +85,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             with suppress(asyncio.CancelledError):
                 await warm_up
             await runner.close()
+            request_log.flush()
 
     app = FastAPI(
         title="ckpt-advisor",
@@ -92,15 +95,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.metrics = metrics
+    app.state.request_log = request_log
     install_error_handlers(app)
-    _add_middlewares(app, settings, metrics)
+    _add_middlewares(app, settings, request_log)
     for module in (plans, dry_runs, presets, ops):
         app.include_router(module.router)
     _document_transport_errors(app)
     return app
 
 
-def _add_middlewares(app: FastAPI, settings: Settings, metrics: Metrics) -> None:
+def _add_middlewares(app: FastAPI, settings: Settings, request_log: RequestLog) -> None:
     """Outermost first: request context, CORS, auth, body limits, then the app.
 
     The request id and the metrics see every answer (401s, 408s and 413s
@@ -119,7 +123,7 @@ def _add_middlewares(app: FastAPI, settings: Settings, metrics: Metrics) -> None
         app.add_middleware(BearerAuthMiddleware, tokens=tokens)
     if settings.cors_origins:
         app.add_middleware(JSONCORSMiddleware, **cors_options(settings.cors_origins))
-    app.add_middleware(RequestContextMiddleware, metrics=metrics)
+    app.add_middleware(RequestContextMiddleware, request_log=request_log)
 
 
 def _document_transport_errors(app: FastAPI) -> None:

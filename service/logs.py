@@ -24,25 +24,36 @@ _STANDARD_ATTRS = frozenset(
 )
 
 
+def json_line(created: float, level: int, logger: str, message: str, fields: dict[str, Any]) -> str:
+    """One log line: ``{"ts", "level", "logger", "message", ...fields}`` as JSON.
+
+    The one definition of the line's shape, for `JsonFormatter` and for the
+    access lines that `service.request_log` writes without a `LogRecord`.
+    """
+    entry: dict[str, Any] = {
+        "ts": datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds"),
+        "level": logging.getLevelName(level).lower(),
+        "logger": logger,
+        "message": message,
+        **fields,
+    }
+    return json.dumps(entry, default=str, ensure_ascii=False)
+
+
 class JsonFormatter(logging.Formatter):
     """``{"ts", "level", "logger", "message", "request_id", ...extra, "exc_info"?}``."""
 
     def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {
-            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
+        fields: dict[str, Any] = {}
         request_id = request_id_var.get()
         if request_id is not None:
-            entry["request_id"] = request_id
+            fields["request_id"] = request_id
         for key, value in record.__dict__.items():
             if key not in _STANDARD_ATTRS and not key.startswith("_"):
-                entry[key] = value
+                fields[key] = value
         if record.exc_info:
-            entry["exc_info"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str, ensure_ascii=False)
+            fields["exc_info"] = self.formatException(record.exc_info)
+        return json_line(record.created, record.levelno, record.name, record.getMessage(), fields)
 
 
 def configure_logging(level: str) -> None:

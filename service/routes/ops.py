@@ -30,7 +30,8 @@ async def readyz(request: Request) -> JSONResponse:
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
-    """Prometheus exposition text."""
+    """Prometheus exposition text (requests answered up to this one included)."""
+    request.app.state.request_log.flush()
     registry: Metrics = request.app.state.metrics
     body, content_type = registry.render()
     return Response(body, media_type=content_type)

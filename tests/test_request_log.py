@@ -1,0 +1,162 @@
+"""Finished requests become metrics and JSON access lines once per loop turn, none lost.
+
+`RequestLog` defers that work off the request's path (see its module); these
+tests check that the deferral keeps every line and count, in the shape of the
+other log lines, and that `/metrics` and the app's shutdown see everything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from service.logs import JsonFormatter, configure_logging, request_id_var
+from service.metrics import Metrics
+from service.middleware import BodyLimitMiddleware
+from service.request_log import ACCESS_LOGGER, FinishedRequest, RequestLog
+from tests.conftest import service_client
+
+LINE_KEYS = ["ts", "level", "logger", "message", "request_id"]
+
+
+@pytest.fixture
+def info_level() -> Iterator[None]:
+    """The service loggers at info, as ``python -m service`` sets them; restored after."""
+    logger = logging.getLogger("service")
+    level = logger.level
+    configure_logging("info")
+    yield
+    logger.setLevel(level)
+
+
+def _finished(
+    route: str = "/resolve", status: int = 200, request_id: str = "r-1"
+) -> FinishedRequest:
+    return FinishedRequest("POST", route, route, status, 0.0025, request_id, 1_700_000_000.5)
+
+
+def _flushed(log: RequestLog, *requests: FinishedRequest) -> None:
+    """Add `requests` as the middleware does (on a loop), then flush whatever is left."""
+
+    async def add_all() -> None:
+        for request in requests:
+            log.add(request)
+
+    asyncio.run(add_all())
+    log.flush()
+
+
+def _count(metrics: Metrics, route: str, status: int) -> float:
+    labels = {"method": "POST", "route": route, "status": str(status)}
+    value = metrics.registry.get_sample_value("ckpt_http_requests_total", labels)
+    return value or 0.0
+
+
+@pytest.mark.usefixtures("info_level")
+def test_a_batch_is_written_on_the_next_loop_turn_not_before() -> None:
+    metrics, stream = Metrics(), io.StringIO()
+    log = RequestLog(metrics, stream)
+
+    async def answer_three() -> tuple[str, float]:
+        for number in range(3):
+            log.add(_finished(request_id=f"r-{number}"))
+        seen_before = (stream.getvalue(), _count(metrics, "/resolve", 200))
+        await asyncio.sleep(0)  # one loop turn: the flush scheduled by the first add runs
+        return seen_before
+
+    text_before, count_before = asyncio.run(answer_three())
+    assert (text_before, count_before) == ("", 0.0)
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [line["request_id"] for line in lines] == ["r-0", "r-1", "r-2"]
+    assert _count(metrics, "/resolve", 200) == 3.0
+
+
+@pytest.mark.usefixtures("info_level")
+def test_access_lines_have_the_shape_of_every_other_log_line() -> None:
+    stream = io.StringIO()
+    _flushed(RequestLog(Metrics(), stream), _finished(status=422, request_id="abc"))
+    access = json.loads(stream.getvalue())
+
+    record = logging.LogRecord(ACCESS_LOGGER, logging.INFO, "", 0, "POST /resolve 422", (), None)
+    record.created = 1_700_000_000.5
+    token = request_id_var.set("abc")
+    try:
+        formatted = json.loads(JsonFormatter().format(record))
+    finally:
+        request_id_var.reset(token)
+
+    assert list(access)[: len(LINE_KEYS)] == LINE_KEYS == list(formatted)
+    assert {key: access[key] for key in LINE_KEYS} == formatted
+    assert access["ts"] == "2023-11-14T22:13:20.500+00:00"
+    expected = {"method": "POST", "path": "/resolve", "route": "/resolve", "status": 422}
+    assert expected.items() <= access.items()
+    assert access["duration_ms"] == 2.5
+
+
+@pytest.mark.parametrize(
+    ("level", "route", "status", "logged"),
+    [
+        ("info", "/resolve", 200, True),
+        ("info", "/healthz", 200, False),  # probes at debug
+        ("info", "/healthz", 503, True),  # a failing probe is news
+        ("debug", "/metrics", 200, True),
+        ("warning", "/resolve", 500, False),  # the access log off
+    ],
+)
+def test_lines_obey_the_access_loggers_level(
+    level: str, route: str, status: int, logged: bool
+) -> None:
+    logger = logging.getLogger("service")
+    saved = logger.level
+    configure_logging(level)
+    try:
+        metrics, stream = Metrics(), io.StringIO()
+        _flushed(RequestLog(metrics, stream), _finished(route=route, status=status))
+    finally:
+        logger.setLevel(saved)
+    assert bool(stream.getvalue()) is logged
+    assert _count(metrics, route, status) == 1.0  # counted whatever is logged
+
+
+def test_metrics_and_shutdown_see_every_answered_request() -> None:
+    with service_client() as client:
+        request_log: RequestLog = client.app.state.request_log  # type: ignore[attr-defined]
+        request_log.stream = io.StringIO()
+        for _ in range(3):
+            assert client.post("/resolve", json={"tier": "full"}).status_code == 200
+        scrape = client.get("/metrics").text
+        client.post("/resolve", json={"tier": "full"})
+        # As if answered in the loop's last turn before shutdown: still pending.
+        request_log._pending.append(_finished(route="/late", request_id="late"))
+    # the app has shut down: its lifespan flushed what was still pending
+    assert 'ckpt_http_requests_total{method="POST",route="/resolve",status="200"} 3.0' in scrape
+    lines = request_log.stream.getvalue().splitlines()  # type: ignore[union-attr]
+    assert json.loads(lines[-1])["request_id"] == "late"
+    assert sum('"route": "/resolve"' in line for line in lines) == 4
+
+
+def test_a_request_without_a_body_is_not_read_or_timed() -> None:
+    """No Content-Length and no Transfer-Encoding: no body (RFC 9112 6.3), so the
+    middleware neither waits for one nor arms its timer; the app gets `receive` as is."""
+    seen: dict[str, Any] = {}
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen["receive"] = receive
+
+    async def never_answers() -> dict[str, Any]:
+        await asyncio.Event().wait()
+        return {}
+
+    async def refuse(message: Any) -> None:
+        raise AssertionError(f"nothing should be sent, got {message}")
+
+    scope = {"type": "http", "method": "GET", "headers": [(b"host", b"x")]}
+    middleware = BodyLimitMiddleware(app, max_bytes=10, timeout_s=0.01)
+    asyncio.run(asyncio.wait_for(middleware(scope, never_answers, refuse), timeout=5))
+    assert seen["receive"] is never_answers
