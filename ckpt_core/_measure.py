@@ -15,7 +15,9 @@ Only the forward runs: ``activation_bytes`` is defined at the end of forward,
 and a backward on meta would add time, not information.
 
 On meta, `ckpt_core._meta_stand_ins` makes the forward keep what a GPU forward
-keeps (fused attention, CUDA dropout masks) and skips a data-dependent check.
+keeps (fused attention, CUDA dropout masks) and answers transformers'
+data-dependent mask checks (packed sequences, sdpa mask skipping) as for the
+unpadded input it feeds.
 
 Importing this module loads no torch: everything is imported inside functions.
 """
@@ -36,7 +38,7 @@ from ckpt_core._errors import (
 from ckpt_core._meta_stand_ins import (
     FLASH_STAND_IN,
     meta_kernels,
-    no_packed_sequence_detection,
+    no_data_dependent_mask_checks,
     register_flash_stand_in,
 )
 from ckpt_core._workload import Workload
@@ -89,7 +91,7 @@ def measure_activation_bytes(
         stack.enter_context(_hooks(model, level))
         stack.enter_context(_training(model))
         if on_meta:
-            stack.enter_context(no_packed_sequence_detection())
+            stack.enter_context(no_data_dependent_mask_checks())
             stack.enter_context(meta_kernels(flash=effective == "flash_attention_2"))
         return _kept_bytes(model, workload.micro_batch_size, workload.seq_len)
 

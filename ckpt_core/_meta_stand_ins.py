@@ -12,8 +12,10 @@ the real path, so concurrent real runs are unaffected:
   dropout keeps a 1-byte bool mask: ``torch.native_dropout`` stands in.
 - grouped_mm (MoE experts) on meta accepts only bf16: other dtypes use
   transformers' own fallback operator, which keeps the same tensors.
-- transformers' packed-sequence detection ends in ``(...).all()``, a
-  data-dependent branch impossible on meta: it is skipped for meta inputs.
+- transformers' packed-sequence detection and sdpa's "can the mask be
+  skipped" checks read tensor values (``.all()``), impossible on meta: for
+  meta inputs they answer what the measurement feeds, one unpadded sequence
+  per row.
 
 Importing this module loads no torch.
 """
@@ -31,31 +33,70 @@ FLASH_STAND_IN: Final = "ckpt_core_meta_flash"
 
 _PATCH_LOCK: Final = threading.Lock()
 _patch_users = 0
+_originals: dict[str, Any] = {}
+
+
+def _meta_shortcuts(masking_utils: Any) -> dict[str, Any]:
+    """Replacements for transformers' data-dependent mask checks, by attribute name.
+
+    Each one answers for meta tensors what the measurement feeds - one
+    unpadded sequence per row - and delegates to the original otherwise:
+
+    - ``find_packed_sequence_indices`` ends in ``(...).all()``: meta position
+      ids are one sequence per row, so there is no packed-sequence mask.
+    - ``_ignore_causal_mask_sdpa`` / ``_ignore_bidirectional_mask_sdpa`` read
+      the 2D padding mask (``fast_all`` / ``.all()``, i.e. ``Tensor.item()``)
+      to decide whether sdpa can run with ``is_causal`` and no mask.  The
+      measurement passes no attention mask, so a meta padding mask is one the
+      model made itself (BART's decoder and its copies fill one with ones when
+      none is given): it masks nothing, and the original is asked about
+      ``None``, which it answers as for an all-ones mask on real tensors when
+      queries and keys have the same length (a training forward, no cache).
+    """
+    packed = masking_utils.find_packed_sequence_indices
+    causal = masking_utils._ignore_causal_mask_sdpa
+    bidirectional = masking_utils._ignore_bidirectional_mask_sdpa
+
+    def find_packed_sequence_indices(position_ids: Any) -> Any:
+        return None if position_ids.is_meta else packed(position_ids)
+
+    def _ignore_causal_mask_sdpa(padding_mask: Any, *args: Any, **kwargs: Any) -> Any:
+        return causal(_unpadded(padding_mask), *args, **kwargs)
+
+    def _ignore_bidirectional_mask_sdpa(padding_mask: Any, *args: Any, **kwargs: Any) -> Any:
+        return bidirectional(_unpadded(padding_mask), *args, **kwargs)
+
+    return {
+        "find_packed_sequence_indices": find_packed_sequence_indices,
+        "_ignore_causal_mask_sdpa": _ignore_causal_mask_sdpa,
+        "_ignore_bidirectional_mask_sdpa": _ignore_bidirectional_mask_sdpa,
+    }
+
+
+def _unpadded(padding_mask: Any) -> Any:
+    """A meta padding mask stands for no padding (see `_meta_shortcuts`)."""
+    return None if padding_mask is not None and padding_mask.is_meta else padding_mask
 
 
 @contextlib.contextmanager
-def no_packed_sequence_detection() -> Iterator[None]:
-    """Skip transformers' packed-sequence detection for meta position ids.
+def no_data_dependent_mask_checks() -> Iterator[None]:
+    """Answer transformers' data-dependent mask checks for meta inputs (`_meta_shortcuts`).
 
-    ``find_packed_sequence_indices`` ends in ``(...).all()`` (a data-dependent
-    branch); on meta there is no data.  The replacement delegates for real
-    tensors, so concurrent real runs are unaffected; it is installed while at
-    least one measurement runs.
+    On meta there is no data, so ``bool()`` of a meta tensor raises
+    (``Tensor.item() cannot be called on meta tensors``).  The replacements
+    delegate for real tensors, so concurrent real runs are unaffected; they
+    are installed while at least one measurement runs, and the originals are
+    put back when the last one ends.
     """
-    global _patch_users  # noqa: PLW0603 - one process-wide patch, reference counted
+    global _patch_users, _originals  # noqa: PLW0603 - one process-wide patch, reference counted
     from transformers import masking_utils
 
     with _PATCH_LOCK:
         if _patch_users == 0:
-            original = masking_utils.find_packed_sequence_indices
-
-            def find_packed_sequence_indices(position_ids: Any) -> Any:
-                if position_ids.is_meta:
-                    return None  # one sequence per row: what the measurement feeds
-                return original(position_ids)
-
-            find_packed_sequence_indices.__wrapped__ = original  # type: ignore[attr-defined]
-            masking_utils.find_packed_sequence_indices = find_packed_sequence_indices
+            replacements = _meta_shortcuts(masking_utils)
+            _originals = {name: getattr(masking_utils, name) for name in replacements}
+            for name, replacement in replacements.items():
+                setattr(masking_utils, name, replacement)
         _patch_users += 1
     try:
         yield
@@ -63,8 +104,9 @@ def no_packed_sequence_detection() -> Iterator[None]:
         with _PATCH_LOCK:
             _patch_users -= 1
             if _patch_users == 0:
-                patched = masking_utils.find_packed_sequence_indices
-                masking_utils.find_packed_sequence_indices = patched.__wrapped__
+                for name, original in _originals.items():
+                    setattr(masking_utils, name, original)
+                _originals = {}
 
 
 def _fused_attention_class() -> type:

@@ -243,3 +243,22 @@ def test_a_measurement_beyond_learned_positions_names_the_measure_field() -> Non
     with pytest.raises(InvalidWorkloadError) as caught:
         dry_run({"preset": "gpt2"}, "full", measure={"seq_len": 4096})
     assert caught.value.field == "measure.seq_len"
+
+
+def _inline(arch: str, **overrides: Any) -> dict[str, Any]:
+    """A tiny config of ``arch`` as the JSON a client sends."""
+    from tests._tiny_models import tiny_config
+
+    return json.loads(tiny_config(arch, **overrides).to_json_string())
+
+
+def test_bart_measures_on_meta() -> None:
+    """BART's decoder mask check read tensor values (Tensor.item() on meta): it failed."""
+    config = _inline("bart")
+    measured = {
+        tier: dry_run({"config": config}, tier, measure={"seq_len": 32}).measured
+        for tier in ("off", "selective", "medium", "full")
+    }
+    sizes = {tier: m["activation_bytes"] for tier, m in measured.items() if m is not None}
+    assert 0 < sizes["full"] < sizes["medium"] < sizes["off"]
+    assert 0 < sizes["selective"] < sizes["off"]

@@ -96,6 +96,27 @@ def test_meta_agrees_with_real_tensors_on_cpu(
         assert measured[1] == pytest.approx(measured[0], rel=0.02), tier
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_meta_agrees_with_real_tensors_on_bart(attention: str, dtype: str) -> None:
+    """BART's decoder fills an all-ones padding mask when given none, and sdpa's
+    "can the mask be skipped" check reads it (``Tensor.item()``, impossible on
+    meta).  On meta it must be skipped as on real tensors: a materialised mask
+    would be kept as an s x s bias per decoder layer.  (bf16: CPU's LayerNorm
+    keeps its mean / rstd in bf16, CUDA's and meta's in fp32 - about 1% here.)
+    """
+    real = _tiny("bart", attention)
+    meta = copy.deepcopy(real).to("meta")
+    for tier in TIERS:
+        measured = [
+            measure_activation_bytes(
+                model, tier, seq_len=SEQ, micro_batch_size=BATCH, dtype=dtype, attention=attention
+            )
+            for model in (real, meta)
+        ]
+        assert measured[1] == pytest.approx(measured[0], rel=0.02), tier
+
+
 def test_fused_attention_keeps_no_scores_and_eager_does() -> None:
     """Doubling the sequence doubles fused activations; eager grows faster (s x s)."""
     growth = {}
@@ -127,12 +148,14 @@ def test_installs_and_removes_its_own_hooks_and_restores_the_model() -> None:
     model = _tiny("llama", "sdpa").to("meta")
     dtypes = {name: p.dtype for name, p in model.named_parameters()}
     model.eval()
-    original = masking_utils.find_packed_sequence_indices
+    patched = ("find_packed_sequence_indices", "_ignore_causal_mask_sdpa",
+               "_ignore_bidirectional_mask_sdpa")  # fmt: skip
+    originals = {name: getattr(masking_utils, name) for name in patched}
     measure_activation_bytes(model, "full", seq_len=SEQ, micro_batch_size=1, dtype="bf16")
     assert not any(is_hooked(module) for module in model.modules())
     assert {name: p.dtype for name, p in model.named_parameters()} == dtypes
     assert not model.training
-    assert masking_utils.find_packed_sequence_indices is original
+    assert {name: getattr(masking_utils, name) for name in patched} == originals
 
 
 def test_uses_hooks_already_installed_for_the_same_granularity() -> None:

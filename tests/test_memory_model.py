@@ -255,7 +255,7 @@ def test_peak_without_allowance_matches_mem_tracker_on_meta(
 
     from ckpt_core import install_checkpoint_hooks
     from ckpt_core._memory import tier_memory
-    from ckpt_core._meta_stand_ins import meta_kernels, no_packed_sequence_detection
+    from ckpt_core._meta_stand_ins import meta_kernels, no_data_dependent_mask_checks
     from ckpt_core._presets import load_preset
 
     seq, model_input = 1024, {"config": {**load_preset(preset), "num_hidden_layers": layers}}
@@ -266,7 +266,7 @@ def test_peak_without_allowance_matches_mem_tracker_on_meta(
     ids = torch.zeros(1, seq, dtype=torch.long, device="meta")
     tracker = MemTracker()
     tracker.track_external(model)
-    with no_packed_sequence_detection(), meta_kernels(flash=False):
+    with no_data_dependent_mask_checks(), meta_kernels(flash=False):
         model(input_ids=ids, labels=ids, use_cache=False).loss.backward()  # gradients exist
         with tracker:
             model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
