@@ -1,8 +1,9 @@
 """Measure the activation memory of a model by running it on the meta device.
 
 `measure_activation_bytes` runs ONE training forward pass (input ids of shape
-``(micro_batch_size, seq_len)``, labels = the ids, ``use_cache=False``, the
-model cast to the workload dtype) and counts the bytes autograd keeps for the
+``(micro_batch_size, seq_len)``, labels = the ids, decoder input ids of the
+same shape for an encoder-decoder, ``use_cache=False``, the model cast to the
+workload dtype) and counts the bytes autograd keeps for the
 backward pass at the end of it: the unique storages packed by a
 ``torch.autograd.graph.saved_tensors_hooks`` pack hook that are still held by
 the graph, parameters and buffers excluded (DESIGN section 5,
@@ -213,10 +214,24 @@ def _kept_bytes(model: nn.Module, batch: int, seq_len: int) -> int:
 
 
 def _inputs(model: nn.Module, ids: torch.Tensor) -> dict[str, Any]:
-    """Input ids with labels (the loss path counts); no KV cache where the model has one."""
+    """Input ids with labels (the loss path counts); no KV cache where the model has one.
+
+    An encoder-decoder also gets decoder input ids of the ids' shape, in a
+    tensor of their own, as a seq2seq collator passes them: otherwise the
+    model shifts the labels right itself, which needs
+    ``decoder_start_token_id`` (T5's ``_shift_right`` fails without one) only
+    to write token values, and values change no memory.  The shifted ids
+    would be a new tensor of the same shape and dtype, so the bytes are the
+    same either way.
+    """
+    import torch
+
+    parameters = inspect.signature(model.forward).parameters
     inputs: dict[str, Any] = {"input_ids": ids, "labels": ids}
-    if "use_cache" in inspect.signature(model.forward).parameters:
+    if "use_cache" in parameters:
         inputs["use_cache"] = False
+    if "decoder_input_ids" in parameters:
+        inputs["decoder_input_ids"] = torch.zeros_like(ids)
     return inputs
 
 

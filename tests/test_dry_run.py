@@ -262,3 +262,16 @@ def test_bart_measures_on_meta() -> None:
     sizes = {tier: m["activation_bytes"] for tier, m in measured.items() if m is not None}
     assert 0 < sizes["full"] < sizes["medium"] < sizes["off"]
     assert 0 < sizes["selective"] < sizes["off"]
+
+
+def test_t5_without_decoder_start_token_measures_like_with_it() -> None:
+    """HF's label shift needs decoder_start_token_id; the measurement does not."""
+    with_start = _inline("t5")
+    without = {k: v for k, v in with_start.items() if k != "decoder_start_token_id"}
+    assert with_start["decoder_start_token_id"] == 0
+    sizes = [
+        dry_run({"config": config}, "selective", measure={"seq_len": 32}).measured
+        for config in (with_start, without)
+    ]
+    assert sizes[0] is not None and sizes[0]["activation_bytes"] > 0
+    assert sizes[1] == sizes[0]

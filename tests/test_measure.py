@@ -117,6 +117,46 @@ def test_meta_agrees_with_real_tensors_on_bart(attention: str, dtype: str) -> No
         assert measured[1] == pytest.approx(measured[0], rel=0.02), tier
 
 
+@pytest.mark.parametrize("arch", ["t5", "bart"])
+def test_decoder_input_ids_measure_what_the_models_own_label_shift_keeps(
+    arch: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The measurement passes decoder ids itself; the model's own shift of the labels keeps the
+    same bytes (a new tensor of the same shape and dtype)."""
+    import ckpt_core._measure as measure_module
+
+    model = _tiny(arch, "sdpa").to("meta")
+    ours = measure_activation_bytes(model, "off", seq_len=SEQ, micro_batch_size=BATCH)
+    own_shift = measure_module._inputs
+
+    def without_decoder_ids(model: torch.nn.Module, ids: torch.Tensor) -> dict[str, object]:
+        inputs = own_shift(model, ids)
+        assert inputs.pop("decoder_input_ids").shape == ids.shape
+        return inputs
+
+    monkeypatch.setattr(measure_module, "_inputs", without_decoder_ids)
+    shifted = measure_activation_bytes(model, "off", seq_len=SEQ, micro_batch_size=BATCH)
+    assert ours == shifted
+
+
+@pytest.mark.parametrize("on_meta", [True, False])
+def test_t5_without_decoder_start_token_measures_the_same_bytes(on_meta: bool) -> None:
+    """HF's ``_shift_right`` fails without ``decoder_start_token_id``; token values change no
+    memory, so the measurement must not need one."""
+    measured = []
+    for start in (0, None):
+        model = _tiny("t5", "sdpa", decoder_start_token_id=start)
+        model = model.to("meta") if on_meta else model
+        for tier in TIERS:
+            measured.append(
+                measure_activation_bytes(model, tier, seq_len=SEQ, micro_batch_size=BATCH)
+            )
+    with pytest.raises(ValueError, match="decoder_start_token_id"):  # the model's own shift
+        model._shift_right(torch.zeros(BATCH, SEQ, dtype=torch.long, device=model.device))
+    assert measured[len(TIERS) :] == measured[: len(TIERS)]
+    assert all(size > 0 for size in measured)
+
+
 def test_fused_attention_keeps_no_scores_and_eager_does() -> None:
     """Doubling the sequence doubles fused activations; eager grows faster (s x s)."""
     growth = {}

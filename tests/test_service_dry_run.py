@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import signal
@@ -183,6 +184,22 @@ def test_a_worker_that_dies_mid_run_is_a_503_and_is_replaced() -> None:
         assert results[0].json()["error"] == "dry_run_worker_crashed"
         tiny = {"model": {"config": TINY_CONFIG}, "tier": "off"}
         _wait_until(lambda: api.post("/dry-run", json=tiny).status_code == 200)
+
+
+def test_encoder_decoders_measure_as_ckpt_core_measures(api: TestClient) -> None:
+    """BART (a mask check on tensor values) and T5 without decoder_start_token_id used to
+    answer 422 dry_run_failed."""
+    from tests._tiny_models import tiny_config
+
+    t5 = json.loads(tiny_config("t5").to_json_string())
+    del t5["decoder_start_token_id"]
+    for config in (json.loads(tiny_config("bart").to_json_string()), t5):
+        body = {"model": {"config": config}, "tier": "selective", "measure": {"seq_len": 32}}
+        response = api.post("/dry-run", json=body)
+        assert response.status_code == 200, response.text
+        expected = dry_run({"config": config}, "selective", measure={"seq_len": 32}).measured
+        assert response.json()["measured"] == expected
+        assert expected is not None and expected["activation_bytes"] > 0
 
 
 def test_report_fields_match_ckpt_core(api: TestClient) -> None:
