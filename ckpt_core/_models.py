@@ -4,8 +4,10 @@
 `ModelConfig` in this order, so that nothing expensive runs on hostile input:
 
 1. one walk over the raw dict: JSON types only, nesting depth, a node budget
-   (no hang on a huge dict), remote-code markers (``auto_map``), and every
-   size field (layers, widths, vocabulary, experts) a positive int in bounds;
+   (no hang on a huge dict), remote-code markers (``auto_map``), HF's own
+   checkpointing switched on (``gradient_checkpointing``: the tier decides),
+   and every size field (layers, widths, vocabulary, experts) a positive int
+   in bounds;
 2. ``model_type`` known to the installed transformers;
 3. the ``PretrainedConfig`` built from the dict (pure Python, no network);
 4. an analytic parameter count and the MoE expert instances, checked against
@@ -37,6 +39,10 @@ Source = Literal["preset", "config"]
 
 # Keys that make transformers import code from a model repository.
 REMOTE_CODE_KEYS: Final = frozenset({"auto_map", "trust_remote_code"})
+# A truthy value turns HF's own checkpointing on when the model is built
+# (``PreTrainedModel._backward_compatibility_gradient_checkpointing``; old
+# checkpoints saved it in config.json), which the tier's plan would contradict.
+HF_CHECKPOINTING_KEYS: Final = frozenset({"gradient_checkpointing"})
 
 # Size fields, under the names the supported families use, each bounded by a
 # ConfigLimits attribute (see _SIZE_FIELDS).  null means "the class default".
@@ -246,6 +252,12 @@ class _Walker:
                 raise ModelConfigError(
                     f"{child} asks for code from a model repository; remote code is never "
                     "run here: remove it and use a model_type transformers ships",
+                    field=child,
+                )
+            if key in HF_CHECKPOINTING_KEYS and item:  # HF tests truthiness: "false" is on
+                raise ModelConfigError(
+                    f"{child}={item!r} turns HF's own checkpointing on when the model is built; "
+                    f"the tier decides checkpointing: remove {key!r} (false / null are accepted)",
                     field=child,
                 )
             if key in _SIZE_FIELDS:

@@ -244,7 +244,6 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses=`` entries with the error body for the given statuses."""
     descriptions = {
         400: "The body is not valid JSON (syntax, NaN / Infinity, out-of-range numbers).",
-        409: "The config turns HF checkpointing on (gradient_checkpointing): hooks would nest.",
         413: "The body is larger than the limit.",
         415: "The body is not application/json.",
         422: "A value is invalid; `field` names it.",

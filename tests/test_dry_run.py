@@ -160,6 +160,12 @@ GPT2 = {"model_type": "gpt2"}
         ({"config": {**GPT2, "auto_map": {}}}, ModelConfigError, "model.config.auto_map"),
         ({"config": {**GPT2, "n_layer": 10_000}}, ConfigTooLargeError, "model.config.n_layer"),
         ({"model": "gpt2"}, ModelConfigError, "model"),
+        # HF's own checkpointing would be on in the built model: bad input, not a conflict.
+        (
+            {"config": {**GPT2, "gradient_checkpointing": True}},
+            ModelConfigError,
+            "model.config.gradient_checkpointing",
+        ),
     ],
 )
 def test_bad_models_raise_the_matching_error(model: dict, error: type, field: str) -> None:

@@ -63,10 +63,10 @@ CONFIG = SchemathesisConfig.from_dict(
             # schema shows the types of pass-through fields (tier, gpu, workload,
             # config) while ckpt_core owns their rules - cross-field ("gpu or
             # gpu_memory_gb, not both"), bounds, names - and answers 422 naming the
-            # field; integers beyond int64 inside a free-form config are a 400; a
-            # config with gradient_checkpointing on is a 409.  The default
-            # expectation (2xx unless auth or a missing resource) cannot know that.
-            "positive_data_acceptance": {"expected-statuses": ["2xx", "400", "409", "422"]},
+            # field; integers beyond int64 inside a free-form config are a 400.
+            # The default expectation (2xx unless auth or a missing resource)
+            # cannot know that.
+            "positive_data_acceptance": {"expected-statuses": ["2xx", "400", "422"]},
         },
     }
 )

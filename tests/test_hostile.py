@@ -237,7 +237,11 @@ CASES: dict[str, Case] = {
         "model.preset",
     ),
     "HF checkpointing on in the config": Case(
-        "/dry-run", _json(_config(gradient_checkpointing=True)), 409, "checkpoint_conflict"
+        "/dry-run",
+        _json(_config(gradient_checkpointing=True)),
+        422,
+        "invalid_model_config",
+        "model.config.gradient_checkpointing",
     ),
     # Content types.
     **{

@@ -109,6 +109,12 @@ def test_a_repeated_request_is_served_from_the_cache(api: TestClient) -> None:
             "invalid_model_config",
             "model.config.auto_map",
         ),
+        (  # was a 409 checkpoint_conflict, whose hint only made sense in Python
+            {"config": {**TINY_CONFIG, "gradient_checkpointing": True}},
+            {},
+            "invalid_model_config",
+            "model.config.gradient_checkpointing",
+        ),
         ({"config": TINY_CONFIG}, {"tier": "fulll"}, "invalid_tier", "tier"),
         ({"config": TINY_CONFIG}, {"gpu_memory_gb": -2}, "invalid_gpu_memory", "gpu_memory_gb"),
         (

@@ -21,7 +21,7 @@ _STRING = {"type": "string"}
     response_model=DryRunResponse,
     responses={
         200: {"headers": {CACHE_HEADER: {"description": "hit or miss", "schema": _STRING}}},
-        **error_responses(400, 409, 413, 415, 422, 429, 501, 503, 504),
+        **error_responses(400, 413, 415, 422, 429, 501, 503, 504),
     },
     summary="Build a model on the meta device and report what the tier checkpoints",
 )
