@@ -17,11 +17,11 @@ import inspect
 import json
 import re
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import Request, Response
 from fastapi.dependencies.models import Dependant
-from fastapi.dependencies.utils import request_body_to_args
+from fastapi.dependencies.utils import request_body_to_args, request_params_to_args
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute, serialize_response
@@ -29,9 +29,6 @@ from pydantic_core import PydanticUndefined as Undefined
 
 from service.errors import MalformedJSONError, UnsupportedMediaTypeError
 from service.middleware import raw_header
-
-if TYPE_CHECKING:
-    from fastapi._compat import ModelField  # the type of `APIRoute.body_field`
 
 INT64_MAX = (1 << 63) - 1
 _MAX_INT_DIGITS = len(str(INT64_MAX))
@@ -165,11 +162,10 @@ async def _read_json(request: Request) -> tuple[bytes, Any]:
     return body, strict_loads(body)
 
 
-def _takes_only_body_and_request(dependant: Dependant) -> bool:
-    """An async endpoint whose parameters are one JSON body model and, optionally, the request."""
+def _is_direct(dependant: Dependant) -> bool:
+    """An async endpoint of query parameters, at most one JSON body and maybe the request."""
     others = (
         dependant.path_params,
-        dependant.query_params,
         dependant.header_params,
         dependant.cookie_params,
         dependant.dependencies,
@@ -180,7 +176,7 @@ def _takes_only_body_and_request(dependant: Dependant) -> bool:
         dependant.security_scopes_param_name,
     )
     return (
-        len(dependant.body_params) == 1
+        len(dependant.body_params) <= 1
         and not any(others)
         and inspect.iscoroutinefunction(dependant.call)
     )
@@ -189,20 +185,21 @@ def _takes_only_body_and_request(dependant: Dependant) -> bool:
 class StrictJSONRoute(APIRoute):
     """An `APIRoute` whose JSON body is checked by content type and parsed strictly.
 
-    An endpoint of just ``(body, request)`` is called directly: the body is
-    validated with FastAPI's own `request_body_to_args` (the same errors,
-    the same 422s) but without the rest of FastAPI's per-request machinery
-    (dependency solving, endpoint context, telemetry), which costs ~45 us -
+    An endpoint of just query parameters, a body and the request is called
+    directly: its inputs are validated with FastAPI's own
+    `request_params_to_args` / `request_body_to_args` (the same errors, the
+    same 422s), without the rest of FastAPI's per-request machinery
+    (dependency solving, endpoint context, telemetry) - ~45 us a request,
     more than uvicorn leaves for the whole service (``bench/asgi_layers.py``).
-    Any other signature goes through FastAPI's handler after the strict parse.
+    Any other signature goes through FastAPI's handler, after the strict parse.
     """
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        if self.body_field is None:
-            return super().get_route_handler()
-        if _takes_only_body_and_request(self.dependant):
-            return self._direct_handler(self.body_field)
+        if _is_direct(self.dependant):
+            return self._direct_handler()
         handler = super().get_route_handler()
+        if self.body_field is None:
+            return handler
 
         async def strict_handler(request: Request) -> Response:
             body, parsed = await _read_json(request)
@@ -212,19 +209,25 @@ class StrictJSONRoute(APIRoute):
 
         return strict_handler
 
-    def _direct_handler(
-        self, body_field: ModelField
-    ) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+    def _direct_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         endpoint = self.dependant.call
         assert endpoint is not None
+        query_fields = self.dependant.query_params
+        body_field = self.body_field
         request_name = self.dependant.request_param_name
         status_code = self.status_code or 200
 
         async def direct_handler(request: Request) -> Response:
-            _, parsed = await _read_json(request)
-            values, errors = await request_body_to_args(
-                body_fields=[body_field], received_body=parsed, embed_body_fields=False
-            )
+            # FastAPI's order: the body is read (400 / 415) before anything is
+            # validated, and query errors come before body errors.
+            parsed = (await _read_json(request))[1] if body_field is not None else Undefined
+            values, errors = request_params_to_args(query_fields, request.query_params)
+            if body_field is not None:
+                body_values, body_errors = await request_body_to_args(
+                    body_fields=[body_field], received_body=parsed, embed_body_fields=False
+                )
+                values.update(body_values)
+                errors.extend(body_errors)
             if errors:
                 raise RequestValidationError(errors, body=parsed)
             if request_name is not None:
