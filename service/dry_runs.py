@@ -51,12 +51,6 @@ def _version(package: str) -> str | None:
 # The workers run in this environment: a report depends on these versions.
 _LIBRARY_VERSIONS: Final = (_version("torch"), installed_transformers_version())
 
-# Dry-run workers yield the CPU to the server process (nice 0 -> 10: about a
-# tenth of the share when both want the same core).  A build then runs
-# slower under heavy HTTP load, but /resolve's p99 stays near idle (measured
-# with bench/http.py, see the README's Performance section).
-WORKER_NICENESS: Final = 10
-
 
 class DryRunner:
     """The dry-run pool, its report cache and its metrics, for one app."""
@@ -73,7 +67,7 @@ class DryRunner:
             queue_limit=settings.dry_run_queue,
             timeout_s=settings.dry_run_timeout_s,
             preload=worker.PRELOAD,
-            niceness=WORKER_NICENESS,
+            cpu_priority=settings.dry_run_cpu_priority,
         )
         metrics.track_pool(lambda: self.pool.queue_depth, lambda: self.pool.busy)
         self._started = False

@@ -14,9 +14,10 @@ modules (torch, transformers), so a replacement starts in milliseconds instead
 of re-importing for seconds.  Each worker runs `warm_up` once and reports ready
 before it takes jobs.  Only the asyncio event loop calls into the pool.
 
-Workers may run at a lower CPU priority (`niceness`): when jobs and requests
-compete for the same cores, the scheduler then favours the server's event
-loop, and a job only runs slower - it is background work with a time limit.
+Workers may run at a lower CPU priority (`cpu_priority`): when jobs and
+requests compete for the same cores, the scheduler then favours the server's
+event loop, and a job only runs slower - it is background work with a time
+limit.
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ import signal
 from collections.abc import Callable, Coroutine, Sequence
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
 log = logging.getLogger(__name__)
+
+CpuPriority: TypeAlias = Literal["normal", "low", "idle"]
 
 # Seconds a worker may take to start and warm up before it counts as broken.
 WARM_UP_TIMEOUT_S = 120.0
@@ -56,7 +59,7 @@ class WorkerPool:
     `job` and `warm_up` must be module-level functions (they are pickled by
     name).  At most `queue_limit` callers wait for a free worker; the next
     one gets `PoolBusyError`.  `timeout_s` bounds one job's run time.
-    `niceness` is added to each worker's nice value (0: same priority).
+    `cpu_priority` is the workers' scheduling class (see `set_cpu_priority`).
     """
 
     def __init__(
@@ -68,11 +71,11 @@ class WorkerPool:
         queue_limit: int,
         timeout_s: float,
         preload: Sequence[str] = (),
-        niceness: int = 0,
+        cpu_priority: CpuPriority = "normal",
     ) -> None:
         self._job = job
         self._warm_up = warm_up
-        self._niceness = niceness
+        self._cpu_priority = cpu_priority
         self.size = size
         self.queue_limit = queue_limit
         self.timeout_s = timeout_s
@@ -203,7 +206,7 @@ class WorkerPool:
         parent_conn, child_conn = self._context.Pipe()
         process = self._context.Process(
             target=_serve,
-            args=(child_conn, self._job, self._warm_up, self._niceness),
+            args=(child_conn, self._job, self._warm_up, self._cpu_priority),
             name="ckpt-dry-run",
             daemon=True,
         )
@@ -264,8 +267,27 @@ async def _receive(conn: Connection, timeout_s: float) -> Any:
     return conn.recv()
 
 
+def set_cpu_priority(priority: CpuPriority) -> None:
+    """Lower this process's CPU priority: ``normal`` keeps it, ``low`` is nice +10,
+    ``idle`` is Linux's SCHED_IDLE.
+
+    Nice +10 still gets a time slice whenever it is runnable, so a request can
+    wait behind one (milliseconds).  SCHED_IDLE runs only on CPU time no other
+    task wants, and a waking request handler preempts it at once; the price is
+    that a dry run crawls while the cores are saturated (its time limit still
+    applies).  Where SCHED_IDLE does not exist, ``idle`` is the lowest nice (+19).
+    """
+    if priority == "low":
+        os.nice(10)
+    elif priority == "idle":
+        if hasattr(os, "SCHED_IDLE"):
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        else:
+            os.nice(19)
+
+
 def _serve(
-    conn: Connection, job: Callable[[Any], Any], warm_up: Callable[[], None], niceness: int
+    conn: Connection, job: Callable[[Any], Any], warm_up: Callable[[], None], priority: CpuPriority
 ) -> None:
     """Worker main loop: warm up, say ready, then answer jobs until the pipe closes.
 
@@ -274,8 +296,7 @@ def _serve(
     """
     # Ctrl-C in a terminal reaches the whole process group: the parent decides.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if niceness:
-        os.nice(niceness)
+    set_cpu_priority(priority)
     try:
         warm_up()
     except Exception as exc:

@@ -83,6 +83,13 @@ class Settings(BaseSettings):
     dry_run_workers: int = Field(
         1, ge=1, le=64, description="Worker processes that run dry runs in parallel."
     )
+    # Measured with bench/http.py (README, Performance): "idle" keeps /resolve's
+    # p99 near its idle value while dry runs saturate the pool.
+    dry_run_cpu_priority: Literal["normal", "low", "idle"] = Field(
+        "idle",
+        description="CPU priority of the dry-run workers: normal, low (nice +10) or idle "
+        "(SCHED_IDLE: only CPU time the server does not want).",
+    )
     dry_run_queue: int = Field(
         8, ge=0, description="Dry runs that may wait for a free worker (429 beyond)."
     )

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 
 import ckpt_core
 from service.metrics import Metrics
-from service.pool import WorkerPool
+from service.pool import CpuPriority, WorkerPool
 from service.routes import plans
 from tests.conftest import TINY_CONFIG, metric, service_client
 
@@ -131,26 +131,28 @@ def test_heap_is_frozen_while_the_service_runs_and_released_after() -> None:
     assert gc.get_freeze_count() == 0
 
 
-def _own_niceness(_: object) -> int:
-    return os.nice(0)
+def _own_priority(_: object) -> tuple[int, int]:
+    return os.nice(0), os.sched_getscheduler(0)
 
 
 def _no_warm_up() -> None:
     return None
 
 
-def test_pool_workers_run_at_the_given_niceness() -> None:
-    async def niceness_of_workers() -> list[int]:
+def test_pool_workers_run_at_the_given_cpu_priority() -> None:
+    priorities: tuple[CpuPriority, ...] = ("normal", "low", "idle")
+
+    async def priority_of_workers() -> list[tuple[int, int]]:
         pools = [
             WorkerPool(
-                job=_own_niceness,
+                job=_own_priority,
                 warm_up=_no_warm_up,
                 size=1,
                 queue_limit=0,
                 timeout_s=30,
-                niceness=niceness,
+                cpu_priority=priority,
             )
-            for niceness in (0, 5)
+            for priority in priorities
         ]
         try:
             await asyncio.gather(*(pool.start() for pool in pools))
@@ -158,6 +160,7 @@ def test_pool_workers_run_at_the_given_niceness() -> None:
         finally:
             await asyncio.gather(*(pool.close() for pool in pools))
 
-    plain, lowered = asyncio.run(niceness_of_workers())
-    assert plain == os.nice(0)
-    assert lowered == min(plain + 5, 19)
+    normal, low, idle = asyncio.run(priority_of_workers())
+    assert normal == (os.nice(0), os.sched_getscheduler(0))
+    assert low == (min(normal[0] + 10, 19), os.SCHED_OTHER)
+    assert idle[1] == os.SCHED_IDLE
