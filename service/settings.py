@@ -83,10 +83,11 @@ class Settings(BaseSettings):
     dry_run_workers: int = Field(
         1, ge=1, le=64, description="Worker processes that run dry runs in parallel."
     )
-    # Measured with bench/http.py (README, Performance): "idle" keeps /resolve's
-    # p99 near its idle value while dry runs saturate the pool.
+    # bench/http.py's saturation run (README, Performance) A/B'd the three:
+    # /resolve's busy p99 stayed within noise of each other once the request
+    # path was lean; "low" finished as many dry runs as "normal" and did best.
     dry_run_cpu_priority: Literal["normal", "low", "idle"] = Field(
-        "idle",
+        "low",
         description="CPU priority of the dry-run workers: normal, low (nice +10) or idle "
         "(SCHED_IDLE: only CPU time the server does not want).",
     )
