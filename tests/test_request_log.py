@@ -11,6 +11,7 @@ import asyncio
 import io
 import json
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +20,7 @@ import pytest
 from service.logs import JsonFormatter, configure_logging, request_id_var
 from service.metrics import Metrics
 from service.middleware import BodyLimitMiddleware
-from service.request_log import ACCESS_LOGGER, FinishedRequest, RequestLog
+from service.request_log import ACCESS_LOGGER, FLUSH_AFTER_S, FLUSH_AT, FinishedRequest, RequestLog
 from tests.conftest import service_client
 
 LINE_KEYS = ["ts", "level", "logger", "message", "request_id"]
@@ -59,22 +60,30 @@ def _count(metrics: Metrics, route: str, status: int) -> float:
 
 
 @pytest.mark.usefixtures("info_level")
-def test_a_batch_is_written_on_the_next_loop_turn_not_before() -> None:
+@pytest.mark.parametrize("count", [3, FLUSH_AT])
+def test_a_batch_is_written_when_full_or_when_its_time_is_up(count: int) -> None:
     metrics, stream = Metrics(), io.StringIO()
     log = RequestLog(metrics, stream)
 
-    async def answer_three() -> tuple[str, float]:
-        for number in range(3):
-            log.add(_finished(request_id=f"r-{number}"))
-        seen_before = (stream.getvalue(), _count(metrics, "/resolve", 200))
-        await asyncio.sleep(0)  # one loop turn: the flush scheduled by the first add runs
-        return seen_before
+    async def answer(number: int) -> tuple[str, str, float]:
+        for serial in range(number):
+            log.add(_finished(request_id=f"r-{serial}"))
+        at_once = stream.getvalue()
+        await asyncio.sleep(0)  # one loop turn: a full batch is flushed
+        after_a_turn = stream.getvalue()
+        started = time.monotonic()
+        while not stream.getvalue() and time.monotonic() - started < 10 * FLUSH_AFTER_S:
+            await asyncio.sleep(FLUSH_AFTER_S / 10)
+        return at_once, after_a_turn, time.monotonic() - started
 
-    text_before, count_before = asyncio.run(answer_three())
-    assert (text_before, count_before) == ("", 0.0)
+    at_once, after_a_turn, waited = asyncio.run(answer(count))
+    assert at_once == ""
+    assert bool(after_a_turn) is (count == FLUSH_AT)
+    if count < FLUSH_AT:
+        assert FLUSH_AFTER_S * 0.5 <= waited < FLUSH_AFTER_S * 5
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
-    assert [line["request_id"] for line in lines] == ["r-0", "r-1", "r-2"]
-    assert _count(metrics, "/resolve", 200) == 3.0
+    assert [line["request_id"] for line in lines] == [f"r-{n}" for n in range(count)]
+    assert _count(metrics, "/resolve", 200) == count
 
 
 @pytest.mark.usefixtures("info_level")
