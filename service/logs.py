@@ -24,6 +24,10 @@ _STANDARD_ATTRS = frozenset(
 )
 
 
+# Built once: `json.dumps` with options builds a new encoder on every call.
+_ENCODER = json.JSONEncoder(default=str, ensure_ascii=False)
+
+
 def json_line(created: float, level: int, logger: str, message: str, fields: dict[str, Any]) -> str:
     """One log line: ``{"ts", "level", "logger", "message", ...fields}`` as JSON.
 
@@ -37,7 +41,7 @@ def json_line(created: float, level: int, logger: str, message: str, fields: dic
         "message": message,
         **fields,
     }
-    return json.dumps(entry, default=str, ensure_ascii=False)
+    return _ENCODER.encode(entry)
 
 
 class JsonFormatter(logging.Formatter):
