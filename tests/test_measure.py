@@ -76,15 +76,8 @@ def test_counting_agrees_with_mem_tracker_on_cpu(arch: str, attention: str) -> N
         assert ours == pytest.approx(tracked, rel=0.02), tier
 
 
-@pytest.mark.parametrize(
-    ("arch", "attention", "kv_heads"),
-    [("llama", "sdpa", 4), ("llama", "sdpa", 2), ("llama", "eager", 2), ("qwen3", "sdpa", 2)],
-)
-@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_meta_agrees_with_real_tensors_on_cpu(
-    arch: str, attention: str, kv_heads: int, dtype: str
-) -> None:
-    real = _tiny(arch, attention, num_key_value_heads=kv_heads)
+def _assert_meta_agrees(real: torch.nn.Module, attention: str, dtype: str) -> None:
+    """Every tier measures the same bytes (within 2%) on meta as on `real` CPU tensors."""
     meta = copy.deepcopy(real).to("meta")
     for tier in TIERS:
         measured = [
@@ -94,6 +87,17 @@ def test_meta_agrees_with_real_tensors_on_cpu(
             for model in (real, meta)
         ]
         assert measured[1] == pytest.approx(measured[0], rel=0.02), tier
+
+
+@pytest.mark.parametrize(
+    ("arch", "attention", "kv_heads"),
+    [("llama", "sdpa", 4), ("llama", "sdpa", 2), ("llama", "eager", 2), ("qwen3", "sdpa", 2)],
+)
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_meta_agrees_with_real_tensors_on_cpu(
+    arch: str, attention: str, kv_heads: int, dtype: str
+) -> None:
+    _assert_meta_agrees(_tiny(arch, attention, num_key_value_heads=kv_heads), attention, dtype)
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
@@ -105,16 +109,7 @@ def test_meta_agrees_with_real_tensors_on_bart(attention: str, dtype: str) -> No
     would be kept as an s x s bias per decoder layer.  (bf16: CPU's LayerNorm
     keeps its mean / rstd in bf16, CUDA's and meta's in fp32 - about 1% here.)
     """
-    real = _tiny("bart", attention)
-    meta = copy.deepcopy(real).to("meta")
-    for tier in TIERS:
-        measured = [
-            measure_activation_bytes(
-                model, tier, seq_len=SEQ, micro_batch_size=BATCH, dtype=dtype, attention=attention
-            )
-            for model in (real, meta)
-        ]
-        assert measured[1] == pytest.approx(measured[0], rel=0.02), tier
+    _assert_meta_agrees(_tiny("bart", attention), attention, dtype)
 
 
 @pytest.mark.parametrize("arch", ["t5", "bart"])
