@@ -8,11 +8,13 @@ the same formatter when the service is started with ``python -m service``.
 
 from __future__ import annotations
 
-import json
 import logging
+import math
 import sys
+import time
 from contextvars import ContextVar
-from datetime import UTC, datetime
+from functools import lru_cache
+from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
 request_id_var: ContextVar[str | None] = ContextVar("request_id", default=None)
@@ -24,8 +26,28 @@ _STANDARD_ATTRS = frozenset(
 )
 
 
-# Built once: `json.dumps` with options builds a new encoder on every call.
-_ENCODER = json.JSONEncoder(default=str, ensure_ascii=False)
+# CPython's C encoder, built once with `json.dumps`'s defaults (separators, NaN
+# allowed) plus non-ASCII kept and `str` for anything else: `dumps` and
+# `JSONEncoder.encode` build a new one on every call, about 1 us of a line's 3.
+# No circular-reference check: a line is a flat dict.
+_ENCODE = c_make_encoder(None, str, encode_basestring, None, ": ", ", ", False, False, True)
+
+
+@lru_cache(maxsize=2)
+def _utc_second(second: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+
+
+def timestamp(created: float) -> str:
+    """`created` (``time.time()``) as ISO 8601 UTC to the millisecond, as
+    ``datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds")``
+    writes it, in a third of the time: the part up to the second is formatted
+    once per second, and the microseconds are rounded the way `datetime` does."""
+    fraction, second = math.modf(created)
+    micros = round(fraction * 1e6)
+    if micros == 1_000_000:
+        second, micros = second + 1, 0
+    return f"{_utc_second(int(second))}.{micros // 1000:03d}+00:00"
 
 
 def json_line(created: float, level: int, logger: str, message: str, fields: dict[str, Any]) -> str:
@@ -35,13 +57,13 @@ def json_line(created: float, level: int, logger: str, message: str, fields: dic
     access lines that `service.request_log` writes without a `LogRecord`.
     """
     entry: dict[str, Any] = {
-        "ts": datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds"),
+        "ts": timestamp(created),
         "level": logging.getLevelName(level).lower(),
         "logger": logger,
         "message": message,
         **fields,
     }
-    return _ENCODER.encode(entry)
+    return "".join(_ENCODE(entry, 0))
 
 
 class JsonFormatter(logging.Formatter):

@@ -1,23 +1,23 @@
-"""Finished requests: recorded as tuples on the hot path, then counted and logged in batches.
+"""Finished requests: counted at once, their access lines written in batches.
 
-Turning a finished request into metrics and a JSON access-log line costs tens
-of microseconds when done inline - more than the rest of the service's own
-work on ``/resolve`` (``bench/asgi_layers.py``).  So the request middleware
-only appends a tuple here, and `flush` handles a whole batch, off the
-request's path and with the code and data hot: `FLUSH_AFTER_S` after the
-batch's first request, or on the loop's next turn once `FLUSH_AT` requests
-are waiting (nginx's ``access_log ... buffer= flush=``, in effect).  Why not
-every loop turn: with one client at a time, a flush per request delayed the
-next request by its formatting and write, 15% of ``/resolve``'s requests/s
-(``bench/http.py`` at 1 connection, access log on vs off).  `/metrics` and
-shutdown flush first, so nothing counted is lost or late there.
+A request is observed in the metrics and formatted into its JSON access line
+as it finishes (a few microseconds, no object that outlives the call); only
+the write is deferred: one write per batch, `FLUSH_AFTER_S` after the batch's
+first line or as soon as it holds `FLUSH_AT` lines (nginx's ``access_log ...
+buffer= flush=``, in effect).  Why not a write per request: with one client
+at a time, that cost 15% of ``/resolve``'s requests/s (``bench/http.py`` at 1
+connection, access log on vs off).  Why not defer the formatting too, as this
+module once did: a batch then stalled the loop for ~3.5 ms every 0.1 s
+(~20 us a line, measured by a client timing each request; the same lines
+cost ~8 us each formatted in a tight loop), and at 8 connections every
+request in flight waited behind it: about 3% of requests, enough to double
+the p99.  Shutdown writes what is left.
 
 Access lines have the shape of every other log line (`service.logs.json_line`)
-and are written straight to the stream, one write per batch: the `logging`
-machinery (a record, a lock and a flush per line) would cost more than the
-line.  They obey the ``service.access`` logger's level: info for requests,
-debug for successful probes and scrapes, so ``CKPT_LOG_LEVEL=warning`` turns
-the access log off.
+and bypass the `logging` machinery (a record, a lock and a flush per line
+would cost more than the line).  They obey the ``service.access`` logger's
+level: info for requests, debug for successful probes and scrapes, so
+``CKPT_LOG_LEVEL=warning`` turns the access log off.
 """
 
 from __future__ import annotations
@@ -31,9 +31,7 @@ from service.logs import json_line
 from service.metrics import Metrics
 
 ACCESS_LOGGER: Final = "service.access"
-# A line waits at most this long; a batch is at most about this many lines.  A
-# flush stalls the loop ~5 us a line; with one client at a time, the request
-# after it waits: 1 in FLUSH_AT requests, which keeps them out of the p99.
+# A line waits at most this long; a batch is at most this many lines (~75 KB).
 FLUSH_AFTER_S: Final = 0.1
 FLUSH_AT: Final = 256
 # Probes and scrapes: logged at debug, not info, so they do not drown real traffic.
@@ -51,7 +49,7 @@ class FinishedRequest(NamedTuple):
 
 
 class RequestLog:
-    """Collect finished requests; `flush` observes them in `metrics` and writes access lines.
+    """Observe finished requests in `metrics`; write their access lines in batches.
 
     `stream` defaults to ``sys.stderr`` as it is when a batch is written (so a
     replaced stderr, as under pytest, receives the lines).
@@ -61,30 +59,27 @@ class RequestLog:
         self.metrics = metrics
         self.stream = stream
         self.logger = logging.getLogger(ACCESS_LOGGER)
-        self._pending: list[FinishedRequest] = []
+        self._lines: list[str] = []
         self._timer: asyncio.TimerHandle | None = None
 
     def add(self, request: FinishedRequest) -> None:
         """Record one answered request (called by the request middleware, on the loop)."""
-        self._pending.append(request)
-        if len(self._pending) == 1:
+        self.metrics.observe_request(request.method, request.route, request.status, request.seconds)
+        line = self._access_line(request)
+        if line is None:
+            return
+        self._lines.append(line)
+        if len(self._lines) == 1:
             self._timer = asyncio.get_running_loop().call_later(FLUSH_AFTER_S, self.flush)
-        elif len(self._pending) == FLUSH_AT:
-            asyncio.get_running_loop().call_soon(self.flush)
+        elif len(self._lines) >= FLUSH_AT:
+            self.flush()
 
     def flush(self) -> None:
-        """Observe and log every request recorded so far (idempotent; cheap when empty)."""
+        """Write every access line waiting (idempotent; cheap when none)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        batch, self._pending = self._pending, []
-        if not batch:
-            return
-        for request in batch:
-            self.metrics.observe_request(
-                request.method, request.route, request.status, request.seconds
-            )
-        lines = [line for request in batch if (line := self._access_line(request)) is not None]
+        lines, self._lines = self._lines, []
         if lines:
             stream = self.stream or sys.stderr
             stream.write("".join(lines))

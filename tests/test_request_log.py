@@ -1,8 +1,8 @@
-"""Finished requests become metrics and JSON access lines once per loop turn, none lost.
+"""Finished requests are counted at once; their JSON access lines are written in batches.
 
-`RequestLog` defers that work off the request's path (see its module); these
-tests check that the deferral keeps every line and count, in the shape of the
-other log lines, and that `/metrics` and the app's shutdown see everything.
+`RequestLog` defers the write (see its module); these tests check that the
+deferral keeps every line, in the shape of the other log lines, that the
+metrics never wait for it, and that the app's shutdown writes what waits.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from service import request_log as request_log_module
 from service.logs import JsonFormatter, configure_logging, request_id_var
 from service.metrics import Metrics
 from service.middleware import BodyLimitMiddleware
@@ -65,25 +66,22 @@ def test_a_batch_is_written_when_full_or_when_its_time_is_up(count: int) -> None
     metrics, stream = Metrics(), io.StringIO()
     log = RequestLog(metrics, stream)
 
-    async def answer(number: int) -> tuple[str, str, float]:
+    async def answer(number: int) -> tuple[str, float, float]:
         for serial in range(number):
             log.add(_finished(request_id=f"r-{serial}"))
-        at_once = stream.getvalue()
-        await asyncio.sleep(0)  # one loop turn: a full batch is flushed
-        after_a_turn = stream.getvalue()
+        at_once, counted = stream.getvalue(), _count(metrics, "/resolve", 200)
         started = time.monotonic()
         while not stream.getvalue() and time.monotonic() - started < 10 * FLUSH_AFTER_S:
             await asyncio.sleep(FLUSH_AFTER_S / 10)
-        return at_once, after_a_turn, time.monotonic() - started
+        return at_once, counted, time.monotonic() - started
 
-    at_once, after_a_turn, waited = asyncio.run(answer(count))
-    assert at_once == ""
-    assert bool(after_a_turn) is (count == FLUSH_AT)
+    at_once, counted, waited = asyncio.run(answer(count))
+    assert counted == count  # the metrics never wait for a batch
+    assert bool(at_once) is (count == FLUSH_AT)  # a full batch is written at once
     if count < FLUSH_AT:
         assert FLUSH_AFTER_S * 0.5 <= waited < FLUSH_AFTER_S * 5
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert [line["request_id"] for line in lines] == [f"r-{n}" for n in range(count)]
-    assert _count(metrics, "/resolve", 200) == count
 
 
 @pytest.mark.usefixtures("info_level")
@@ -133,21 +131,23 @@ def test_lines_obey_the_access_loggers_level(
     assert _count(metrics, route, status) == 1.0  # counted whatever is logged
 
 
-def test_metrics_and_shutdown_see_every_answered_request() -> None:
+def test_metrics_see_every_answered_request_and_shutdown_writes_the_waiting_lines(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(request_log_module, "FLUSH_AFTER_S", 3600.0)  # only shutdown writes
     with service_client() as client:
         request_log: RequestLog = client.app.state.request_log  # type: ignore[attr-defined]
-        request_log.stream = io.StringIO()
+        stream = request_log.stream = io.StringIO()
         for _ in range(3):
             assert client.post("/resolve", json={"tier": "full"}).status_code == 200
         scrape = client.get("/metrics").text
-        client.post("/resolve", json={"tier": "full"})
-        # As if answered in the loop's last turn before shutdown: still pending.
-        request_log._pending.append(_finished(route="/late", request_id="late"))
-    # the app has shut down: its lifespan flushed what was still pending
+        written_before_shutdown = stream.getvalue()
     assert 'ckpt_http_requests_total{method="POST",route="/resolve",status="200"} 3.0' in scrape
-    lines = request_log.stream.getvalue().splitlines()  # type: ignore[union-attr]
-    assert json.loads(lines[-1])["request_id"] == "late"
-    assert sum('"route": "/resolve"' in line for line in lines) == 4
+    assert written_before_shutdown == ""
+    # the app has shut down: its lifespan wrote the lines still waiting
+    routes = [json.loads(line)["route"] for line in stream.getvalue().splitlines()]
+    assert routes.count("/resolve") == 3
+    assert "/metrics" not in routes  # a successful scrape is logged at debug
 
 
 def test_a_request_without_a_body_is_not_read_or_timed() -> None:

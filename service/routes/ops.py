@@ -30,8 +30,7 @@ async def readyz(request: Request) -> JSONResponse:
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
-    """Prometheus exposition text (requests answered up to this one included)."""
-    request.app.state.request_log.flush()
+    """Prometheus exposition text (every request answered before this one counted)."""
     registry: Metrics = request.app.state.metrics
     body, content_type = registry.render()
     return Response(body, media_type=content_type)
