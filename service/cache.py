@@ -1,4 +1,4 @@
-"""A small LRU cache for dry-run reports (only the event loop touches it: no lock)."""
+"""A small LRU cache (only the event loop touches one: no lock)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ import inspect
 import json
 import re
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, Final
 
 from fastapi import Request, Response
 from fastapi.dependencies.models import Dependant
@@ -27,10 +27,16 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute, serialize_response
 from pydantic_core import PydanticUndefined as Undefined
 
+from service.cache import LRUCache
 from service.errors import MalformedJSONError, UnsupportedMediaTypeError
 from service.middleware import raw_header
 
 INT64_MAX = (1 << 63) - 1
+# Valid query strings of a direct route, up to this long, and their validated
+# values (`_QueryValidator`).
+QUERY_CACHE_SIZE: Final = 256
+MAX_CACHED_QUERY_BYTES: Final = 1024
+_IMMUTABLE_VALUES: Final = frozenset({str, int, float, bool, type(None)})
 _MAX_INT_DIGITS = len(str(INT64_MAX))
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _NOT_UNICODE = "holds a lone UTF-16 surrogate, which is not a Unicode character"
@@ -182,13 +188,40 @@ def _is_direct(dependant: Dependant) -> bool:
     )
 
 
+class _QueryValidator:
+    """A direct route's query parameters, validated by FastAPI, remembered per query string.
+
+    The values are a pure function of the raw query string, and FastAPI's
+    `request_params_to_args` inspects every parameter's annotation again on
+    every call: ~30 us of ``/describe``'s ~80 (``bench/asgi_layers.py``, min),
+    most of what the service spent beyond the bare app.  Only error-free
+    results of immutable values are kept (errors are never cached, and an
+    endpoint cannot alter a stored value); a request gets its own dict.
+    """
+
+    def __init__(self, fields: list[Any]) -> None:
+        self.fields = fields
+        self._valid = LRUCache(QUERY_CACHE_SIZE)
+
+    def __call__(self, request: Request) -> tuple[dict[str, Any], list[Any]]:
+        raw: bytes = request.scope["query_string"]
+        cacheable = len(raw) <= MAX_CACHED_QUERY_BYTES
+        known = self._valid.get(raw) if cacheable else None
+        if known is not None:
+            return dict(known), []
+        values, errors = request_params_to_args(self.fields, request.query_params)
+        if cacheable and not errors and all(type(v) in _IMMUTABLE_VALUES for v in values.values()):
+            self._valid.put(raw, dict(values))
+        return values, errors
+
+
 class StrictJSONRoute(APIRoute):
     """An `APIRoute` whose JSON body is checked by content type and parsed strictly.
 
     An endpoint of just query parameters, a body and the request is called
     directly: its inputs are validated with FastAPI's own
     `request_params_to_args` / `request_body_to_args` (the same errors, the
-    same 422s), without the rest of FastAPI's per-request machinery
+    same 422s; valid query strings remembered), without the rest of FastAPI's per-request machinery
     (dependency solving, endpoint context, telemetry) - ~45 us a request,
     more than uvicorn leaves for the whole service (``bench/asgi_layers.py``).
     Any other signature goes through FastAPI's handler, after the strict parse.
@@ -212,7 +245,7 @@ class StrictJSONRoute(APIRoute):
     def _direct_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         endpoint = self.dependant.call
         assert endpoint is not None
-        query_fields = self.dependant.query_params
+        validate_query = _QueryValidator(self.dependant.query_params)
         body_field = self.body_field
         request_name = self.dependant.request_param_name
         status_code = self.status_code or 200
@@ -221,7 +254,7 @@ class StrictJSONRoute(APIRoute):
             # FastAPI's order: the body is read (400 / 415) before anything is
             # validated, and query errors come before body errors.
             parsed = (await _read_json(request))[1] if body_field is not None else Undefined
-            values, errors = request_params_to_args(query_fields, request.query_params)
+            values, errors = validate_query(request)
             if body_field is not None:
                 body_values, body_errors = await request_body_to_args(
                     body_fields=[body_field], received_body=parsed, embed_body_fields=False

@@ -9,11 +9,14 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+from typing import Annotated
 from unittest import mock
 
+from fastapi import FastAPI, Query
 from fastapi.testclient import TestClient
 
 import ckpt_core
+from service import jsonbody
 from service.metrics import Metrics
 from service.pool import CpuPriority, WorkerPool
 from service.routes import plans
@@ -105,6 +108,44 @@ def test_describe_answers_json_and_text_from_one_plan(api: TestClient) -> None:
     assert as_text.text == description
     assert as_text.headers["content-type"].startswith("text/plain")
     assert make_plan.call_count == 1
+
+
+def test_describe_validates_each_distinct_query_string_once(api: TestClient) -> None:
+    query = "/describe?tier=medium&gpu_memory_gb=41.5"
+    validate = mock.patch.object(
+        jsonbody, "request_params_to_args", wraps=jsonbody.request_params_to_args
+    )
+    with validate as validated:
+        answers = [api.get(query) for _ in range(3)]
+        reordered = api.get("/describe?gpu_memory_gb=41.5&tier=medium")
+        after_hits = validated.call_count
+        bad = [api.get("/describe?tier=medium&gpu_memory_gb=lots") for _ in range(2)]
+        long_query = query + "&gpu_memory_gb=41.5" * 60  # over MAX_CACHED_QUERY_BYTES
+        assert len(long_query) > jsonbody.MAX_CACHED_QUERY_BYTES
+        long_answers = [api.get(long_query) for _ in range(2)]
+    assert [a.json() for a in answers] == [reordered.json()] * 3
+    assert answers[0].json()["granularity"] == "medium"
+    assert after_hits == 2  # the query string, not its meaning, is the key
+    assert [b.status_code for b in bad] == [422, 422]
+    assert bad[1].json()["field"] == "gpu_memory_gb"
+    assert [a.status_code for a in long_answers] == [200, 200]
+    assert validated.call_count == 2 + 2 + 2  # errors and long queries: never kept
+
+
+def test_remembered_query_values_are_never_shared_with_an_endpoint() -> None:
+    """A list value (mutable) is validated afresh each time, so an endpoint that
+    alters it cannot change what the next request sees."""
+    app = FastAPI()
+    app.router.route_class = jsonbody.StrictJSONRoute
+
+    @app.get("/tags")
+    async def tags(tag: Annotated[list[str], Query()], n: int = 0) -> dict[str, object]:
+        tag.append("seen")
+        return {"tag": tag, "n": n}
+
+    with TestClient(app) as client:
+        answers = [client.get("/tags?tag=a&n=1").json() for _ in range(3)]
+    assert answers == [{"tag": ["a", "seen"], "n": 1}] * 3
 
 
 def test_request_metrics_count_every_answer_by_labels() -> None:
