@@ -153,6 +153,17 @@ def _int(config: Any, *names: str, default: int | None = None) -> int:
     return default
 
 
+def _window(config: Any) -> int | None:
+    """``sliding_window``: null or a positive int (some config classes do not check it)."""
+    value = getattr(config, "sliding_window", None)
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        return value
+    raise ModelConfigError(
+        f"sliding_window must be a positive integer or null, got {value!r}",
+        field="model.config.sliding_window",
+    )
+
+
 def _act(config: Any, *names: str) -> str:
     for name in names:
         value = getattr(config, name, None)
@@ -174,7 +185,7 @@ def _decoder(config: Any, model_type: str) -> Arch:
     layers = _int(config, "num_hidden_layers")
     layer_types = tuple(getattr(config, "layer_types", None) or ())
     gemma = model_type.startswith("gemma")
-    window = getattr(config, "sliding_window", None)
+    window = _window(config)
     # Layers list their attention type; Mistral / Phi-3 slide on every layer when a window is set.
     if layer_types:
         sliding = tuple(kind == "sliding_attention" for kind in layer_types)

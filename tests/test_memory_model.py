@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from ckpt_core import InvalidWorkloadError
+from ckpt_core import InvalidWorkloadError, ModelConfigError, make_plan
 from ckpt_core._activations import activation_bytes
 from ckpt_core._advise import Run, model_facts, parse_workload, prepare
 from ckpt_core._arch import NO_FLASH, NO_SDPA, arch_of
@@ -23,7 +23,7 @@ from ckpt_core._flops import recompute_ratio
 from ckpt_core._ledger import Step
 from ckpt_core._measure import measure_activation_bytes
 from ckpt_core._models import build_meta_model, count_parameters, load_model_config
-from ckpt_core._presets import preset_names
+from ckpt_core._presets import load_preset, preset_names
 from tests._tiny_models import tiny_model
 
 TIERS = ("off", "selective", "medium", "full")
@@ -198,6 +198,21 @@ def test_workloads_the_model_cannot_run_are_errors(workload: dict, field: str) -
     with pytest.raises(InvalidWorkloadError) as raised:
         run_for("llama-3.2-1b", **workload)
     assert raised.value.field == field
+
+
+@pytest.mark.parametrize("window", ["", "4096", [], {}, 0, -1, 1.5, True])
+def test_a_sliding_window_that_is_not_a_positive_int_is_a_config_error(window: object) -> None:
+    """Llama's config class takes any sliding_window: the estimate once crashed on it (a 500)."""
+    config = {**load_preset("llama-3.2-1b"), "sliding_window": window}
+    with pytest.raises(ModelConfigError) as raised:
+        make_plan("auto", gpu="A100-80GB", model={"config": config}, workload={"seq_len": 64})
+    assert raised.value.field == "model.config.sliding_window"
+
+
+def test_a_valid_sliding_window_is_estimated() -> None:
+    config = {**load_preset("llama-3.2-1b"), "sliding_window": 32}
+    plan = make_plan("auto", gpu="A100-80GB", model={"config": config}, workload={"seq_len": 64})
+    assert plan.estimate is not None
 
 
 @pytest.mark.parametrize(
