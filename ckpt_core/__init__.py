@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from ckpt_core._config_json import ConfigLimits
 from ckpt_core._dry_run import DryRunReport, dry_run
 from ckpt_core._errors import (
     CheckpointConflictError,
@@ -25,7 +26,7 @@ from ckpt_core._errors import (
     UnsupportedTransformersVersionError,
 )
 from ckpt_core._gpus import GPUS, GpuSpec, lookup_gpu
-from ckpt_core._models import ConfigLimits, ModelConfig, build_meta_model, load_model_config
+from ckpt_core._models import ModelConfig, build_meta_model, load_model_config
 from ckpt_core._plan import Plan, make_plan
 from ckpt_core._presets import PresetInfo, list_presets, load_preset
 from ckpt_core._seed_api import describe_tier, resolve_gradient_checkpointing, resolve_granularity

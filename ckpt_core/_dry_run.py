@@ -17,8 +17,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any, Final
 
+from ckpt_core._config_json import ConfigLimits
 from ckpt_core._errors import InvalidWorkloadError
-from ckpt_core._models import ConfigLimits, build_meta_model, count_parameters, load_model_config
+from ckpt_core._models import build_meta_model, count_parameters, load_model_config
 from ckpt_core._plan import make_plan
 from ckpt_core._tiers import Granularity, Tier
 from ckpt_core._workload import Workload

@@ -1,10 +1,14 @@
 """Dry runs for the service: validate here, look up the cache, else run in the pool.
 
 Everything cheap and everything that bounds the cost - tier, GPU memory,
-measurement shape, the config's size limits - is checked in the server
-process BEFORE a worker is involved; only a valid, bounded config reaches the
-pool.  Reports are cached by what determines them: the canonical config key,
-tier, granularity, GPU memory, measurement shape and the library versions.
+measurement shape, the config's JSON, size fields and model type - is checked
+in the server process BEFORE a worker is involved; only a bounded config
+reaches the pool.  What needs transformers' config class (its own checks, the
+parameter and expert totals) the worker checks before it builds: 1-2 ms of
+pure Python per config, which in this process would hold the GIL against the
+event loop at every dry run (``bench/http.py``'s saturation run).  Reports are
+cached by what determines them: the canonical config key, tier, granularity,
+GPU memory, measurement shape and the library versions.
 """
 
 from __future__ import annotations
@@ -20,9 +24,10 @@ from typing import Any, Final
 
 from starlette.concurrency import run_in_threadpool
 
+from ckpt_core._config_json import ConfigLimits, model_config_key
 from ckpt_core._dry_run import MEASURE_FIELDS, measure_shape
 from ckpt_core._errors import CkptError
-from ckpt_core._models import ConfigLimits, load_model_config
+from ckpt_core._models import load_model_config
 from ckpt_core._plan import make_plan
 from ckpt_core._training_args import installed_transformers_version
 from service import worker
@@ -115,7 +120,7 @@ class DryRunner:
         return report, False
 
     async def _validated_key(self, kwargs: Mapping[str, Any]) -> Hashable:
-        """Validate every input without building anything; return the cache key."""
+        """Validate the inputs that bound the cost, without transformers; return the cache key."""
         plan = make_plan(
             kwargs["tier"],
             kwargs.get("gpu_memory_gb"),
@@ -128,10 +133,10 @@ class DryRunner:
             if shape is not None
             else None
         )
-        # Validation imports a model family's config code on its first use: a thread.
-        config = await run_in_threadpool(load_model_config, kwargs["model"], limits=self.limits)
+        # A thread: the walk is linear in the config, up to `max_config_bytes` nodes.
+        key = await run_in_threadpool(model_config_key, kwargs["model"], limits=self.limits)
         return (
-            config.key,
+            key,
             plan.tier,
             plan.granularity,
             plan.gpu_memory_gb,

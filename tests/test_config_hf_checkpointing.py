@@ -68,11 +68,11 @@ def _switched_on(where: str) -> tuple[dict[str, Any], str]:
 @pytest.mark.parametrize("where", ["top", "text_config"])
 def test_refused_where_it_would_turn_on(where: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Refused with its path; without the check the config builds with HF's checkpointing on."""
-    import ckpt_core._models as models
+    import ckpt_core._config_json as config_json
 
     config, path = _switched_on(where)
     assert _config_error(config).field == f"{path}.gradient_checkpointing"
-    monkeypatch.setattr(models, "HF_CHECKPOINTING_KEYS", frozenset())
+    monkeypatch.setattr(config_json, "HF_CHECKPOINTING_KEYS", frozenset())
     assert is_hf_checkpointing_enabled(build_meta_model(load_model_config({"config": config})))
 
 

@@ -15,8 +15,9 @@ from ckpt_core import (
     ModelConfigError,
     UnknownPresetError,
 )
+from ckpt_core._config_json import ConfigLimits
 from ckpt_core._dry_run import DryRunReport, dry_run
-from ckpt_core._models import ConfigLimits, build_meta_model, count_parameters, load_model_config
+from ckpt_core._models import build_meta_model, count_parameters, load_model_config
 from ckpt_core._presets import list_presets, load_preset
 
 # A dense decoder, an MoE, an encoder-decoder and a vision + language model.

@@ -13,13 +13,8 @@ from typing import Any
 import pytest
 
 from ckpt_core import ConfigTooLargeError, ModelConfigError, UnknownPresetError
-from ckpt_core._models import (
-    ConfigLimits,
-    ModelConfig,
-    build_meta_model,
-    count_parameters,
-    load_model_config,
-)
+from ckpt_core._config_json import ConfigLimits, model_config_key
+from ckpt_core._models import ModelConfig, build_meta_model, count_parameters, load_model_config
 from ckpt_core._presets import load_preset
 
 TINY_LLAMA: dict[str, Any] = {
@@ -287,6 +282,62 @@ def test_bounds_are_checked_before_transformers_sees_the_config(monkeypatch) -> 
     assert calls == []
 
 
+def test_the_cheap_key_is_load_model_configs_key() -> None:
+    for model in (
+        {"preset": "qwen2.5-0.5b"},
+        {"config": TINY_LLAMA},
+        {"config": dict(reversed(list(TINY_LLAMA.items())))},
+        {"config": DEEPSEEK_V3},
+    ):
+        assert model_config_key(model) == load_model_config(model).key
+
+
+def test_the_cheap_key_never_builds_a_transformers_config(monkeypatch) -> None:
+    import transformers
+
+    def no_config(model_type: str, **kwargs: Any) -> None:
+        raise AssertionError("model_config_key built a transformers config")
+
+    monkeypatch.setattr(transformers.AutoConfig, "for_model", no_config)
+    # transformers would reject this one (heads do not divide the width): only
+    # load_model_config, which builds the config, finds out.
+    rejected = {**TINY_LLAMA, "hidden_size": 100, "num_attention_heads": 3}
+    text = json.dumps(rejected, sort_keys=True, separators=(",", ":"))
+    assert model_config_key({"config": rejected}) == hashlib.sha256(text.encode()).hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("model", "error", "field"),
+    [
+        ({"preset": "gpt-7"}, UnknownPresetError, "model.preset"),
+        ({"config": [1]}, ModelConfigError, "model.config"),
+        ({"config": {**TINY_LLAMA, "model_type": "nope"}}, ModelConfigError, None),
+        ({"config": {**TINY_LLAMA, "num_hidden_layers": 513}}, ConfigTooLargeError, None),
+        ({"config": {**TINY_LLAMA, "auto_map": {}}}, ModelConfigError, None),
+        ({"config": {**TINY_LLAMA, "notes": "x" * 300_000}}, ConfigTooLargeError, None),
+    ],
+)
+def test_the_cheap_key_refuses_what_its_steps_check_as_load_model_config_does(
+    model: dict[str, Any], error: type[ModelConfigError], field: str | None
+) -> None:
+    with pytest.raises(error) as cheap:
+        model_config_key(model)
+    with pytest.raises(error) as full:
+        load_model_config(model)
+    assert cheap.value.field == full.value.field
+    assert str(cheap.value) == str(full.value)
+    if field is not None:
+        assert cheap.value.field == field
+
+
+def test_a_preset_over_the_cheap_limits_names_the_preset_in_both() -> None:
+    limits = ConfigLimits(max_layers=16)
+    with pytest.raises(ConfigTooLargeError) as caught:
+        model_config_key({"preset": "llama-3.1-8b"}, limits=limits)
+    assert caught.value.field == "model.preset"
+    assert "llama-3.1-8b" in str(caught.value)
+
+
 # --- model classes and the meta build ---------------------------------------
 
 
@@ -396,8 +447,9 @@ def test_load_and_build_touch_no_network(monkeypatch) -> None:
 def test_importing_the_model_modules_loads_no_torch() -> None:
     code = (
         "import sys, ckpt_core._models, ckpt_core._presets, ckpt_core._dry_run\n"
+        "import ckpt_core._config_json\n"
         "ckpt_core._presets.list_presets()\n"
-        "ckpt_core._models.ConfigLimits()\n"
+        "ckpt_core._config_json.ConfigLimits()\n"
         "heavy = [m for m in ('torch', 'transformers', 'pydantic', 'fastapi')"
         " if m in sys.modules]\n"
         "assert not heavy, heavy\n"

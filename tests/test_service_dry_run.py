@@ -137,6 +137,39 @@ def test_bad_input_is_refused_before_the_pool(
     assert metric(api, "ckpt_dry_run_cache_total", result="miss") == lookups
 
 
+@pytest.mark.parametrize(
+    ("config", "code"),
+    [
+        # Heads that do not divide the width: only transformers' config class knows.
+        ({**TINY_CONFIG, "hidden_size": 100, "num_attention_heads": 3}, "invalid_model_config"),
+        # Every size field within its bound, the product (~8.6e12 parameters) over the limit.
+        (
+            {
+                **TINY_CONFIG,
+                "hidden_size": 65_536,
+                "intermediate_size": 65_536,
+                "num_hidden_layers": 512,
+                "num_attention_heads": 64,
+                "num_key_value_heads": 64,
+            },
+            "config_too_large",
+        ),
+    ],
+)
+def test_what_needs_transformers_is_refused_by_the_worker_before_it_builds(
+    api: TestClient, config: dict[str, Any], code: str
+) -> None:
+    misses = metric(api, "ckpt_dry_run_cache_total", result="miss")
+    response = api.post("/dry-run", json={"model": {"config": config}, "tier": "full"})
+    assert response.status_code == 422, response.text
+    assert response.json()["error"] == code and response.json()["field"] == "model.config"
+    # Past the server's checks (a cache lookup), refused in the worker: nothing cached.
+    assert metric(api, "ckpt_dry_run_cache_total", result="miss") == misses + 1
+    again = api.post("/dry-run", json={"model": {"config": config}, "tier": "full"})
+    assert again.status_code == 422
+    assert metric(api, "ckpt_dry_run_cache_total", result="miss") == misses + 2
+
+
 def test_model_is_required(api: TestClient) -> None:
     response = api.post("/dry-run", json={"tier": "full"})
     assert response.status_code == 422

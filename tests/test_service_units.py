@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from ckpt_core._config_json import ConfigLimits
 from ckpt_core._dry_run import DryRunReport
-from ckpt_core._models import ConfigLimits
 from ckpt_core._plan import Plan
 from ckpt_core._presets import PresetInfo
 from service.cache import LRUCache

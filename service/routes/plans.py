@@ -29,7 +29,8 @@ from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from ckpt_core._models import ConfigLimits, load_model_config
+from ckpt_core._config_json import ConfigLimits
+from ckpt_core._models import load_model_config
 from ckpt_core._plan import Plan, make_plan
 from service.cache import LRUCache
 from service.jsonbody import StrictJSONRoute
