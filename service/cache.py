@@ -1,4 +1,4 @@
-"""A small LRU cache (only the event loop touches one: no lock)."""
+"""A small LRU cache, without a lock: one used from several threads needs the caller's."""
 
 from __future__ import annotations
 

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import os
 from typing import Annotated
 from unittest import mock
 
+import pytest
 from fastapi import FastAPI, Query
 from fastapi.testclient import TestClient
 
 import ckpt_core
 from service import jsonbody
+from service.cache import LRUCache
 from service.metrics import Metrics
 from service.pool import CpuPriority, WorkerPool
 from service.routes import plans
@@ -95,6 +98,56 @@ def test_large_model_bodies_are_answered_but_not_kept(api: TestClient) -> None:
         answers = [api.post("/resolve", json=body) for _ in range(2)]
     assert [a.status_code for a in answers] == [200, 200], answers[0].text
     assert plan_for.call_count == 2
+
+
+@pytest.fixture
+def fresh_model_configs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An empty validated-model cache: other tests' models do not count."""
+    monkeypatch.setattr(plans, "_model_configs", LRUCache(plans.MODEL_ANSWER_CACHE_SIZE))
+
+
+def test_a_model_asked_again_with_new_workloads_is_validated_once(
+    api: TestClient, fresh_model_configs: None
+) -> None:
+    model = {"config": {**TINY_CONFIG, "num_hidden_layers": 5}}
+    bodies = [
+        {"tier": "auto", "gpu": "A100-80GB", "model": model, "workload": {"seq_len": n}}
+        for n in (96, 160, 224)
+    ]
+    with mock.patch.object(plans, "load_model_config", wraps=plans.load_model_config) as load:
+        answers = [api.post("/resolve", json=body) for body in bodies]
+    assert [a.status_code for a in answers] == [200, 200, 200], answers[0].text
+    assert load.call_count == 1
+    # The same answers as a plan computed from scratch.
+    for body, answer in zip(bodies, answers, strict=True):
+        fresh = ckpt_core.make_plan(
+            "auto", gpu="A100-80GB", model=model, workload=body["workload"]
+        ).to_dict()
+        assert answer.json() == json.loads(json.dumps(fresh))
+
+
+def test_a_preset_and_its_inline_config_keep_their_own_validated_model(
+    api: TestClient, fresh_model_configs: None
+) -> None:
+    preset = {"preset": "llama-3.2-1b"}
+    inline = {"config": ckpt_core.load_preset("llama-3.2-1b")}
+    body = {"tier": "auto", "gpu": "A100-80GB", "workload": {"seq_len": 64}}
+    with mock.patch.object(plans, "load_model_config", wraps=plans.load_model_config) as load:
+        api.post("/resolve", json={**body, "model": preset})
+        api.post("/resolve", json={**body, "model": inline})
+    assert load.call_count == 2
+    assert [c.args[0] for c in load.call_args_list] == [preset, inline]
+
+
+def test_an_invalid_model_is_never_kept(api: TestClient, fresh_model_configs: None) -> None:
+    model = {"config": {**TINY_CONFIG, "hidden_size": 33}}  # heads do not divide it
+    with mock.patch.object(plans, "load_model_config", wraps=plans.load_model_config) as load:
+        for seq_len in (64, 128):
+            body = {"tier": "full", "model": model, "workload": {"seq_len": seq_len}}
+            response = api.post("/resolve", json=body)
+            assert response.status_code == 422, response.text
+            assert response.json()["field"] == "model.config"
+    assert load.call_count == 2
 
 
 def test_describe_answers_json_and_text_from_one_plan(api: TestClient) -> None:

@@ -16,12 +16,19 @@ and kept in an LRU of `MODEL_ANSWER_CACHE_SIZE` keyed by the bounds and the
 body as canonical JSON (sorted keys: the same request in another key order is
 a hit; ``1`` and ``1.0`` stay apart).  Bodies whose key would exceed
 `MAX_MODEL_KEY_CHARS` are answered but not kept, which bounds the memory.
+
+A model asked about again with another workload (a new answer) reuses its
+validated `ModelConfig` from a third LRU, keyed by the bounds and the model
+as canonical JSON: building the transformers config is 1-2 ms of pure Python
+per request, in a thread but holding the GIL against the event loop.  Shared
+by the request threads, that LRU is used under a lock.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import threading
 from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Query, Request, Response
@@ -30,7 +37,7 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from ckpt_core._config_json import ConfigLimits
-from ckpt_core._models import load_model_config
+from ckpt_core._models import ModelConfig, load_model_config
 from ckpt_core._plan import Plan, make_plan
 from service.cache import LRUCache
 from service.jsonbody import StrictJSONRoute
@@ -82,9 +89,29 @@ def _description(
     return _serialised(DescribeResponse, data), plan.description
 
 
+# Read and written by request threads (`plan_for`): under the lock.
+_model_configs = LRUCache(MODEL_ANSWER_CACHE_SIZE)
+_model_configs_lock = threading.Lock()
+
+
+def _validated_model(model: dict[str, Any], limits: ConfigLimits) -> ModelConfig:
+    """`load_model_config`, remembered per model and bounds (never shared mutably:
+    ckpt_core only reads a `ModelConfig`)."""
+    text = json.dumps(model, sort_keys=True, separators=(",", ":"))
+    key = (limits, text) if len(text) <= MAX_MODEL_KEY_CHARS else None
+    with _model_configs_lock:
+        config = _model_configs.get(key) if key is not None else None
+    if config is None:
+        config = load_model_config(model, limits=limits)  # raises before anything is kept
+        if key is not None:
+            with _model_configs_lock:
+                _model_configs.put(key, config)
+    return config
+
+
 def plan_for(body: ResolveRequest, limits: ConfigLimits) -> Plan:
     """`make_plan` for a request; a model is checked against the service's bounds first."""
-    model = load_model_config(body.model.as_mapping(), limits=limits) if body.model else None
+    model = _validated_model(body.model.as_mapping(), limits) if body.model else None
     return make_plan(
         body.tier,
         body.gpu_memory_gb,
