@@ -66,6 +66,17 @@ def json_line(created: float, level: int, logger: str, message: str, fields: dic
     return "".join(_ENCODE(entry, 0))
 
 
+def json_pairs(fields: dict[str, Any]) -> str:
+    """``"key": value, ...`` exactly as `json_line` writes them, without the braces:
+    pairs that repeat from line to line can be encoded once and spliced in."""
+    return "".join(_ENCODE(fields, 0))[1:-1]
+
+
+def json_string(text: str) -> str:
+    """`text` as a JSON string, as `json_line` writes string values."""
+    return encode_basestring(text)  # type: ignore[no-any-return]
+
+
 class JsonFormatter(logging.Formatter):
     """``{"ts", "level", "logger", "message", "request_id", ...extra, "exc_info"?}``."""
 

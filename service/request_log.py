@@ -15,7 +15,11 @@ the p99.  Shutdown writes what is left.
 
 Access lines have the shape of every other log line (`service.logs.json_line`)
 and bypass the `logging` machinery (a record, a lock and a flush per line
-would cost more than the line).  They obey the ``service.access`` logger's
+would cost more than the line).  The pairs that repeat from request to request
+(level, logger, message, method, path, route, status) are encoded once per
+distinct request kind and the varying ones spliced around them: in the
+server a whole line measured ~20 us a request (~6 us in a tight loop), the
+spliced one ~13 us.  They obey the ``service.access`` logger's
 level: info for requests, debug for successful probes and scrapes, so
 ``CKPT_LOG_LEVEL=warning`` turns the access log off.
 """
@@ -23,17 +27,21 @@ level: info for requests, debug for successful probes and scrapes, so
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import sys
 from typing import Final, NamedTuple, TextIO
 
-from service.logs import json_line
+from service.logs import json_pairs, json_string, timestamp
 from service.metrics import Metrics
 
 ACCESS_LOGGER: Final = "service.access"
 # A line waits at most this long; a batch is at most this many lines (~75 KB).
 FLUSH_AFTER_S: Final = 0.1
 FLUSH_AT: Final = 256
+# Distinct (level, method, path, route, status) whose encoded pairs are kept:
+# paths repeat for the real routes; a scan of random paths only evicts.
+REPEATED_PAIRS_CACHE_SIZE: Final = 512
 # Probes and scrapes: logged at debug, not info, so they do not drown real traffic.
 _QUIET_ROUTES: Final = frozenset({"/healthz", "/readyz", "/metrics"})
 
@@ -90,13 +98,31 @@ class RequestLog:
         level = logging.DEBUG if quiet else logging.INFO
         if not self.logger.isEnabledFor(level):
             return None
-        fields = {
-            "request_id": request.request_id,
-            "method": request.method,
-            "path": request.path,
-            "route": request.route,
-            "status": request.status,
-            "duration_ms": round(request.seconds * 1000, 3),
+        head, tail = _repeated_pairs(
+            level, request.method, request.path, request.route, request.status
+        )
+        duration_ms = round(request.seconds * 1000, 3)
+        return (
+            f'{{"ts": "{timestamp(request.finished_at)}", {head}, '
+            f'"request_id": {json_string(request.request_id)}, {tail}, '
+            f'"duration_ms": {duration_ms!r}}}\n'
+        )
+
+
+@functools.lru_cache(maxsize=REPEATED_PAIRS_CACHE_SIZE)
+def _repeated_pairs(level: int, method: str, path: str, route: str, status: int) -> tuple[str, str]:
+    """The pairs of an access line that repeat across requests, JSON-encoded once:
+    (level, logger, message) and (method, path, route, status).
+
+    The line is `json_line`'s (a test checks them equal on awkward input); its
+    varying pairs (ts, request_id, duration_ms) are spliced in around these.
+    """
+    head = json_pairs(
+        {
+            "level": logging.getLevelName(level).lower(),
+            "logger": ACCESS_LOGGER,
+            "message": f"{method} {path} {status}",
         }
-        message = f"{request.method} {request.path} {request.status}"
-        return json_line(request.finished_at, level, ACCESS_LOGGER, message, fields) + "\n"
+    )
+    tail = json_pairs({"method": method, "path": path, "route": route, "status": status})
+    return head, tail

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from service import request_log as request_log_module
-from service.logs import JsonFormatter, configure_logging, request_id_var
+from service.logs import JsonFormatter, configure_logging, json_line, request_id_var
 from service.metrics import Metrics
 from service.middleware import BodyLimitMiddleware
 from service.request_log import ACCESS_LOGGER, FLUSH_AFTER_S, FLUSH_AT, FinishedRequest, RequestLog
@@ -104,6 +104,46 @@ def test_access_lines_have_the_shape_of_every_other_log_line() -> None:
     expected = {"method": "POST", "path": "/resolve", "route": "/resolve", "status": 422}
     assert expected.items() <= access.items()
     assert access["duration_ms"] == 2.5
+
+
+@pytest.mark.usefixtures("info_level")
+def test_a_line_is_byte_for_byte_what_json_line_writes() -> None:
+    """Its repeated pairs are encoded once and spliced: the result must not differ."""
+    paths = [
+        "/resolve",
+        '/a"b\\c',
+        "/caf\u00e9/\u2603/\U0001f600",
+        "/nul\x00/tab\t/nl\n",
+        "/\ud800",
+    ]
+    durations = [0.0, 0.0000004, 0.0025, 1.2345678, 98765.4321, 1e-9]
+    stamps = [1_700_000_000.5, 1_700_000_000.9996, 0.0, 1_800_000_123.123456]
+    stream = io.StringIO()
+    log = RequestLog(Metrics(), stream)
+    expected = []
+    for index, (path, seconds, stamp) in enumerate(
+        (p, d, t) for p in paths for d in durations for t in stamps
+    ):
+        route = "/healthz" if index % 7 == 0 else path
+        status = (200, 404, 422, 500, 503)[index % 5]
+        request = FinishedRequest("GET", path, route, status, seconds, f"id-{index}", stamp)
+        line = log._access_line(request)
+        quiet = route == "/healthz" and status < 400
+        if quiet:  # debug: not written at info
+            assert line is None
+            continue
+        fields = {
+            "request_id": f"id-{index}",
+            "method": "GET",
+            "path": path,
+            "route": route,
+            "status": status,
+            "duration_ms": round(seconds * 1000, 3),
+        }
+        message = f"GET {path} {status}"
+        expected.append(json_line(stamp, logging.INFO, ACCESS_LOGGER, message, fields) + "\n")
+        assert line == expected[-1]
+    assert len(expected) > 80
 
 
 @pytest.mark.parametrize(
