@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import bisect
+import math
+from collections.abc import Callable, Iterator
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -12,6 +14,8 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 # Request latency buckets (s): /resolve answers in well under a millisecond,
 # dry runs in tenths of a second to seconds.
@@ -24,17 +28,14 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        labels = ("method", "route", "status")
-        self.requests = Counter(
-            "ckpt_http_requests", "HTTP requests answered.", labels, registry=self.registry
-        )
-        self.latency = Histogram(
+        self.requests = RequestStats(
+            "ckpt_http_requests",
+            "HTTP requests answered.",
             "ckpt_http_request_duration_seconds",
             "Time from request start to the end of the response body.",
-            labels,
-            buckets=_HTTP_BUCKETS,
-            registry=self.registry,
+            _HTTP_BUCKETS,
         )
+        self.registry.register(self.requests)
         self.dry_runs = Histogram(
             "ckpt_dry_run_duration_seconds",
             "Dry runs in the worker pool (cache hits excluded), by outcome.",
@@ -57,19 +58,8 @@ class Metrics:
             "ckpt_dry_run_workers_busy", "Dry-run workers running a job.", registry=self.registry
         )
 
-        # (method, route, status) -> its counter and histogram children: `labels()`
-        # validates and looks up its arguments on every call, a few us per request.
-        self._request_children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
-
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
-        key = (method, route, status)
-        children = self._request_children.get(key)
-        if children is None:
-            labels = (method, route, str(status))
-            children = (self.requests.labels(*labels), self.latency.labels(*labels))
-            self._request_children[key] = children
-        children[0].inc()
-        children[1].observe(seconds)
+        self.requests.observe(method, route, status, seconds)
 
     def track_pool(self, queue_depth: Callable[[], float], busy: Callable[[], float]) -> None:
         """Read the pool's gauges at scrape time (always current, no bookkeeping)."""
@@ -79,3 +69,72 @@ class Metrics:
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class _Series:
+    """One (method, route, status): requests per latency bucket (not cumulative) and their sum."""
+
+    __slots__ = ("per_bucket", "seconds")
+
+    def __init__(self, buckets: int) -> None:
+        self.per_bucket = [0] * buckets
+        self.seconds = 0.0
+
+
+class RequestStats:
+    """Requests answered and their latency by (method, route, status), exposed as a
+    Prometheus counter and histogram (the samples a `Counter` and a `Histogram`
+    with these labels expose, without their ``_created`` series).
+
+    Why not those classes: every `inc` and `observe` takes a lock and scans the
+    buckets in Python, ~5 us a request in the server (``bench/asgi_layers.py``),
+    to guard values that only the event loop's thread touches: requests are
+    recorded by the request middleware and scraped by an ``async`` route, both
+    on the loop.  Not thread-safe for that reason: record and collect from one
+    thread.
+    """
+
+    def __init__(
+        self,
+        counter: str,
+        counter_help: str,
+        histogram: str,
+        histogram_help: str,
+        buckets: tuple[float, ...],
+    ) -> None:
+        if list(buckets) != sorted(set(buckets)) or math.inf in buckets:
+            raise ValueError(f"buckets must be increasing and finite, got {buckets}")
+        self._names = (counter, counter_help, histogram, histogram_help)
+        self._bounds = tuple(float(b) for b in buckets)
+        self._le = [*(floatToGoString(b) for b in self._bounds), "+Inf"]
+        self._series: dict[tuple[str, str, int], _Series] = {}
+
+    def observe(self, method: str, route: str, status: int, seconds: float) -> None:
+        series = self._series.get((method, route, status))
+        if series is None:
+            series = self._series[(method, route, status)] = _Series(len(self._le))
+        # bisect_left: the first bound >= seconds, Prometheus's "le"; past the last, +Inf.
+        series.per_bucket[bisect.bisect_left(self._bounds, seconds)] += 1
+        series.seconds += seconds
+
+    def describe(self) -> list[Metric]:
+        """The families' names, so that the registry refuses a duplicate."""
+        counter, counter_help, histogram, histogram_help = self._names
+        labels = ("method", "route", "status")
+        return [
+            CounterMetricFamily(counter, counter_help, labels=labels),
+            HistogramMetricFamily(histogram, histogram_help, labels=labels),
+        ]
+
+    def collect(self) -> Iterator[Metric]:
+        counts, latency = self.describe()
+        for (method, route, status), series in self._series.items():
+            labels = (method, route, str(status))
+            cumulative, buckets = 0, []
+            for le, count in zip(self._le, series.per_bucket, strict=True):
+                cumulative += count
+                buckets.append((le, float(cumulative)))
+            counts.add_metric(labels, float(cumulative))
+            latency.add_metric(labels, buckets, series.seconds)
+        yield counts
+        yield latency

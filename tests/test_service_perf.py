@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import math
 import os
 from typing import Annotated
 from unittest import mock
@@ -16,11 +17,12 @@ from unittest import mock
 import pytest
 from fastapi import FastAPI, Query
 from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 import ckpt_core
 from service import jsonbody
 from service.cache import LRUCache
-from service.metrics import Metrics
+from service.metrics import Metrics, RequestStats
 from service.pool import CpuPriority, WorkerPool
 from service.routes import plans
 from tests.conftest import TINY_CONFIG, metric, service_client
@@ -210,6 +212,56 @@ def test_request_metrics_count_every_answer_by_labels() -> None:
     assert 'ckpt_http_requests_total{method="POST",route="/resolve",status="422"} 1.0' in text
     count = 'ckpt_http_request_duration_seconds_count{method="POST",route="/resolve",status="200"}'
     assert f"{count} 2.0" in text
+
+
+def _exposition_without_created(registry: CollectorRegistry) -> list[str]:
+    text = generate_latest(registry).decode()
+    return [line for line in text.splitlines() if "_created" not in line]
+
+
+def test_request_stats_expose_what_prometheus_counter_and_histogram_would() -> None:
+    """Same samples as prometheus_client's own classes fed the same requests,
+    including latencies on a bucket bound, past the last one, and at zero."""
+    buckets = (0.0005, 0.001, 0.0025, 1, 10)
+    ours = CollectorRegistry()
+    stats = RequestStats("reqs", "Requests.", "lat_seconds", "Latency.", buckets)
+    ours.register(stats)
+    theirs = CollectorRegistry()
+    labels = ("method", "route", "status")
+    counter = Counter("reqs", "Requests.", labels, registry=theirs)
+    histogram = Histogram("lat_seconds", "Latency.", labels, buckets=buckets, registry=theirs)
+    requests = [
+        ("POST", "/resolve", 200, 0.0),
+        ("POST", "/resolve", 200, 0.0005),
+        ("POST", "/resolve", 200, 0.00051),
+        ("POST", "/resolve", 422, 0.0025),
+        ("GET", "/describe", 200, 1.0),
+        ("GET", "/describe", 200, 12.5),
+        ("POST", "/resolve", 200, 0.3),
+    ]
+    for method, route, status, seconds in requests:
+        stats.observe(method, route, status, seconds)
+        counter.labels(method, route, str(status)).inc()
+        histogram.labels(method, route, str(status)).observe(seconds)
+    ours_text = _exposition_without_created(ours)
+    on_bound = 'lat_seconds_bucket{le="0.0005",method="POST",route="/resolve",status="200"} 2.0'
+    assert on_bound in ours_text
+    assert ours_text == _exposition_without_created(theirs)
+
+
+@pytest.mark.parametrize("buckets", [(0.1, 0.05), (0.1, 0.1), (0.1, math.inf)])
+def test_request_stats_refuse_buckets_not_increasing_and_finite(
+    buckets: tuple[float, ...],
+) -> None:
+    with pytest.raises(ValueError, match="increasing and finite"):
+        RequestStats("reqs", "Requests.", "lat_seconds", "Latency.", buckets)
+
+
+def test_request_stats_names_cannot_be_registered_twice() -> None:
+    registry = CollectorRegistry()
+    registry.register(RequestStats("reqs", "Requests.", "lat_seconds", "Latency.", (1.0,)))
+    with pytest.raises(ValueError, match="Duplicated"):
+        Counter("reqs", "Again.", registry=registry)
 
 
 def test_heap_is_frozen_while_the_service_runs_and_released_after() -> None:
