@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -281,6 +283,19 @@ def test_request_id_is_echoed_or_generated(api: TestClient) -> None:
     assert generated.headers["X-Request-ID"] != api.get("/healthz").headers["X-Request-ID"]
     error = api.post("/resolve", json={"tier": "nope"}, headers={"X-Request-ID": "r-1"})
     assert error.headers["X-Request-ID"] == "r-1"
+
+
+def test_generated_request_ids_differ_in_a_forked_worker() -> None:
+    """The ids come from a seeded generator: a forked process (uvicorn workers,
+    a pool) must not replay its parent's sequence."""
+    from service.middleware import _request_id
+
+    context = multiprocessing.get_context("fork")
+    with context.Pool(1) as pool:
+        child = pool.apply(_request_id, (None,))
+    parent = _request_id(None)
+    assert re.fullmatch(r"[0-9a-f]{32}", parent)
+    assert child != parent
 
 
 def test_unknown_path_and_method_use_the_error_shape(api: TestClient) -> None:
