@@ -17,17 +17,18 @@ twice: the same body on every request (``same``: answered from the service's
 cache after the first) and a new sequence length on every request (``new``:
 the estimate computed each time).
 
-Pinning (default, on a machine with 2 CPUs or more): once the server is
-ready, the threads of its process (the event loop and its request threads)
-are bound to the first CPU, and everything else to the others: the pool's
-fork server and workers, and this script, so wrk and the dry-run clients.
-In production the client is on another machine and the workers have cores
-of their own; here, unpinned, the processes migrate across each other's
-CPU, and a 2-second round at 1 connection swung from ~1,200 to ~3,000
-req/s for the same endpoint (pinned: ~1,600 to ~2,800 for the bare POST,
-~2,200 to ~2,600 for ``/resolve``).  Binding only the server, with workers
-free to land on its CPU, put its busy p99 at 1 connection at ~3 ms (idle
-~0.7 to 1.5 ms; unpinned busy ~0.9 to 1.4 ms).
+Pinning, for the service-vs-bare part (default, on a machine with 2 CPUs or
+more; ``--no-pin`` leaves placement to the OS): the threads of the server
+process (the event loop and its request threads) are bound to the first
+CPU, everything else (the pool's fork server and idle workers, this script
+and so wrk) to the others - as a client on another machine in production.
+Unpinned, wrk and the server migrate onto each other's CPU, and a 2-second
+round at 1 connection swung from ~1,200 to ~3,000 req/s for the same
+endpoint (pinned: ~1,600 to ~2,800 for the bare POST, ~2,200 to ~2,600 for
+``/resolve``).  The saturation part always runs unpinned: on 2 CPUs a busy
+dry-run worker must share a CPU either with the server (its busy p99 at 1
+connection then ~3 ms, idle ~0.7 to 1.5) or with wrk (whose own wake-ups
+then set the p99), where in production the workers have cores of their own.
 
 The saturation run then measures ``POST /resolve`` twice per round: idle,
 then while every dry-run worker is kept busy - distinct 70B-class inline
@@ -118,22 +119,24 @@ class Server:
     def service_url(self) -> str:
         return f"http://127.0.0.1:{self.service_port}"
 
-    def pin(self) -> str:
-        """The server's event loop alone on the first CPU; all else on the others."""
-        cpus = sorted(os.sched_getaffinity(0))
-        if len(cpus) < 2:
-            return f"not pinned: {len(cpus)} CPU"
-        server_cpu, others = {cpus[0]}, set(cpus[1:])
+    def place(self, pinned: bool) -> str:
+        """Pinned: the server's threads alone on the first CPU, all else on the
+        others.  Not: every process free on every CPU.  Says which."""
+        cpus = set(os.sched_getaffinity(0)) | set(os.sched_getaffinity(self.process.pid))
+        first, others = min(cpus), cpus - {min(cpus)}
+        if not (pinned and others):
+            server_cpus = rest = cpus
+            where = f"not pinned ({len(cpus)} CPUs)"
+        else:
+            server_cpus, rest = {first}, others
+            where = f"server's threads on CPU {first}, all else on CPU {sorted(others)}"
         # New threads and processes inherit their creator's binding, so the
         # server's later threads and the fork server's later workers follow.
-        _bind(self.process.pid, server_cpu)
+        _bind(self.process.pid, server_cpus)
         for child in _descendants(self.process.pid):  # fork server, workers
-            _bind(child, others)
-        os.sched_setaffinity(0, others)  # wrk and the dry-run clients start from here
-        return (
-            f"server's threads on CPU {cpus[0]}; dry-run workers, wrk and clients on "
-            f"CPU {sorted(others)}"
-        )
+            _bind(child, rest)
+        os.sched_setaffinity(0, rest)  # wrk and the dry-run clients start from here
+        return where
 
 
 def _bind(pid: int, cpus: set[int]) -> None:
@@ -316,7 +319,10 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
     parser.add_argument("--part", choices=("all", "matrix", "saturation"), default="all")
     parser.add_argument(
-        "--no-pin", dest="pin", action="store_false", help="leave CPU placement to the OS"
+        "--no-pin",
+        dest="pin",
+        action="store_false",
+        help="service vs bare: leave CPU placement to the OS",
     )
     args = parser.parse_args()
     require_wrk()
@@ -326,11 +332,7 @@ def main() -> None:
             ready_s = wait_for_status(
                 server.service_url + "/readyz", server.process, READY_TIMEOUT_S
             )
-            placement = server.pin() if args.pin else "not pinned (--no-pin)"
-            print(
-                f"server ready in {ready_s:.1f} s; {placement}; load average {_load()}",
-                flush=True,
-            )
+            print(f"server ready in {ready_s:.1f} s; load average {_load()}", flush=True)
             warm_up(server, ENDPOINTS)
             _report(server, args)
         finally:
@@ -341,6 +343,7 @@ def _report(server: Server, args: argparse.Namespace) -> None:
     started = time.perf_counter()
     ratios_met = saturation_met = None
     if args.part in ("all", "matrix"):
+        print(f"service vs bare: {server.place(args.pin)}", flush=True)
         idle = run_matrix(server, ENDPOINTS, args.concurrency, args.rounds, args.duration)
         print("\n## Requests/s and latency (median of rounds)\n")
         print(throughput_table(idle, ENDPOINTS, args.concurrency))
@@ -348,6 +351,7 @@ def _report(server: Server, args: argparse.Namespace) -> None:
         print("\n## Service vs bare FastAPI (same process, same loop)\n")
         print(ratios)
     if args.part in ("all", "saturation"):
+        print(f"under dry-run load: {server.place(False)}", flush=True)
         runs, loads = run_saturation(server, args.concurrency, args.rounds, args.duration)
         print("\n## POST /resolve while dry runs saturate their pool\n")
         text, saturation_met = saturation_table(runs, args.concurrency)
