@@ -74,8 +74,9 @@ def _plan_answer(tier: Any, gpu_memory_gb: Any, gpu: Any, transformers_version: 
 _model_answers = LRUCache(MODEL_ANSWER_CACHE_SIZE)
 
 
-def _model_key(body: ResolveRequest, limits: ConfigLimits) -> tuple[ConfigLimits, str] | None:
-    text = json.dumps(body.model_dump(), sort_keys=True, separators=(",", ":"))
+def _bounded_key(value: object, limits: ConfigLimits) -> tuple[ConfigLimits, str] | None:
+    """(bounds, `value` as canonical JSON), or None when that is too long to keep."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
     return (limits, text) if len(text) <= MAX_MODEL_KEY_CHARS else None
 
 
@@ -97,8 +98,7 @@ _model_configs_lock = threading.Lock()
 def _validated_model(model: dict[str, Any], limits: ConfigLimits) -> ModelConfig:
     """`load_model_config`, remembered per model and bounds (never shared mutably:
     ckpt_core only reads a `ModelConfig`)."""
-    text = json.dumps(model, sort_keys=True, separators=(",", ":"))
-    key = (limits, text) if len(text) <= MAX_MODEL_KEY_CHARS else None
+    key = _bounded_key(model, limits)
     with _model_configs_lock:
         config = _model_configs.get(key) if key is not None else None
     if config is None:
@@ -135,7 +135,7 @@ async def resolve(body: ResolveRequest, request: Request) -> Any:
         if all(isinstance(value, _SCALARS) for value in scalars):
             return Response(_plan_answer(*scalars), media_type=JSON)
         return plan_for(body, limits).to_dict()  # ckpt_core names the bad field
-    key = _model_key(body, limits)
+    key = _bounded_key(body.model_dump(), limits)
     answer = _model_answers.get(key) if key is not None else None
     if answer is None:
         # A model's validation and estimate take milliseconds (more on a family's
