@@ -16,7 +16,6 @@ from typing import Final
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.deadlines import DeadlineSweep
 from service.errors import (
     BodyTimeoutError,
     BodyTooLargeError,
@@ -141,8 +140,7 @@ class BodyLimitMiddleware:
     Size: refused early from Content-Length, else while reading (every chunk of
     a chunked upload counts).  Time: the whole body must arrive within
     `timeout_s` of the headers; a client that trickles it (or never sends it)
-    gets a 408 (within 1.1 x `timeout_s`: one timer checks all reads, see
-    `service.deadlines`) instead of holding a connection and a task forever -
+    gets a 408 instead of holding a connection and a task forever -
     uvicorn has no body-read timeout of its own.  The body is then replayed to the
     app, so nothing is parsed before both checks pass.
     """
@@ -151,7 +149,6 @@ class BodyLimitMiddleware:
         self.app = app
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
-        self._deadlines = DeadlineSweep(timeout_s)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -190,7 +187,8 @@ class BodyLimitMiddleware:
 
     async def _read_body_in_time(self, receive: Receive) -> bytes | None:
         try:
-            return await self._deadlines.run(self._read_body(receive))
+            async with asyncio.timeout(self.timeout_s):
+                return await self._read_body(receive)
         except TimeoutError:
             raise BodyTimeoutError(
                 f"the request body did not arrive within {self.timeout_s:g} s of the headers",
