@@ -10,8 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ckpt_core._config_json import ConfigLimits
-from ckpt_core._dry_run import DryRunReport, dry_run
+from ckpt_core._config_json import ConfigLimits, model_config_key
+from ckpt_core._dry_run import MEASURE_FIELDS, DryRunReport, dry_run, measure_shape
 from ckpt_core._errors import (
     CheckpointConflictError,
     CkptError,
@@ -40,6 +40,7 @@ from ckpt_core._tiers import (
     TierLike,
     parse_tier,
 )
+from ckpt_core._training_args import HookKind, installed_transformers_version
 from ckpt_core._workload import Workload
 
 # Public names whose modules import torch: loaded on first attribute access.
@@ -69,6 +70,7 @@ __all__ = [
     "AUTO_SELECTIVE_THRESHOLD_GB",
     "GPUS",
     "GRANULARITIES",
+    "MEASURE_FIELDS",
     "TIERS",
     "Answer",
     "CheckpointConflictError",
@@ -81,6 +83,7 @@ __all__ = [
     "DryRunReport",
     "GpuSpec",
     "Granularity",
+    "HookKind",
     "HookReport",
     "InvalidGpuMemoryError",
     "InvalidGranularityError",
@@ -107,6 +110,7 @@ __all__ = [
     "find_blocks",
     "install_checkpoint_hooks",
     "install_selective_hooks",
+    "installed_transformers_version",
     "is_hf_checkpointing_enabled",
     "list_presets",
     "load_model_config",
@@ -114,7 +118,9 @@ __all__ = [
     "lookup_gpu",
     "make_plan",
     "measure_activation_bytes",
+    "measure_shape",
     "merge_training_arguments",
+    "model_config_key",
     "parse_tier",
     "remove_checkpoint_hooks",
     "remove_hooks",

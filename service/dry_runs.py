@@ -24,12 +24,16 @@ from typing import Any, Final
 
 from starlette.concurrency import run_in_threadpool
 
-from ckpt_core._config_json import ConfigLimits, model_config_key
-from ckpt_core._dry_run import MEASURE_FIELDS, measure_shape
-from ckpt_core._errors import CkptError
-from ckpt_core._models import load_model_config
-from ckpt_core._plan import make_plan
-from ckpt_core._training_args import installed_transformers_version
+from ckpt_core import (
+    MEASURE_FIELDS,
+    CkptError,
+    ConfigLimits,
+    installed_transformers_version,
+    load_model_config,
+    make_plan,
+    measure_shape,
+    model_config_key,
+)
 from service import worker
 from service.cache import LRUCache
 from service.errors import (

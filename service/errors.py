@@ -32,7 +32,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ckpt_core._errors import CkptError
+from ckpt_core import CkptError
 
 log = logging.getLogger(__name__)
 

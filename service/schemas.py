@@ -14,8 +14,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
-from ckpt_core._tiers import Granularity, Tier
-from ckpt_core._training_args import HookKind
+from ckpt_core import Granularity, HookKind, Tier
 
 _NUMBER_OR_NULL = {"anyOf": [{"type": "number"}, {"type": "null"}]}
 _STRING_OR_NULL = {"anyOf": [{"type": "string"}, {"type": "null"}]}

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from ckpt_core._config_json import ConfigLimits
+from ckpt_core import ConfigLimits
 
 ENV_PREFIX = "CKPT_"
 _NESTED = "__"

@@ -11,20 +11,18 @@ from __future__ import annotations
 import traceback
 from typing import Any, Final
 
-from ckpt_core._dry_run import dry_run
-from ckpt_core._errors import CkptError
+from ckpt_core import CkptError, dry_run
 
 # Imported by the forkserver once, before it forks any worker: each worker
 # then starts with them loaded.  transformers.modeling_utils is most of the
 # cost (2-4 s here); after it, a worker's warm-up dry run takes ~25 ms.
-# Imports only: nothing has run on torch yet when the forkserver forks.
+# Imports only: nothing has run on torch yet when the forkserver forks.  ckpt_core's
+# own torch modules are cheap and load in the warm-up dry run (public names only).
 PRELOAD: Final = (
     "torch",
     "transformers",
     "transformers.modeling_utils",
     "transformers.models.llama.modeling_llama",  # the warm-up model's family
-    "ckpt_core._hooks",
-    "ckpt_core._blocks",
     "service.worker",
 )
 

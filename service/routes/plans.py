@@ -36,9 +36,7 @@ from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from ckpt_core._config_json import ConfigLimits
-from ckpt_core._models import ModelConfig, load_model_config
-from ckpt_core._plan import Plan, make_plan
+from ckpt_core import ConfigLimits, ModelConfig, Plan, load_model_config, make_plan
 from service.cache import LRUCache
 from service.jsonbody import StrictJSONRoute
 from service.middleware import raw_header

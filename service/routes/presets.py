@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from ckpt_core._presets import list_presets
+from ckpt_core import list_presets
 from service.schemas import PresetsResponse
 
 router = APIRouter(tags=["presets"])
