@@ -189,8 +189,8 @@ def service_table(presets: list[str]) -> tuple[str, float]:
 
 
 def measure_table(presets: list[str], seq_lens: list[int]) -> str:
-    from ckpt_core._measure import measure_activation_bytes
-    from ckpt_core._models import build_meta_model, load_model_config
+    from ckpt_core._configs.model_config import build_meta_model, load_model_config
+    from ckpt_core._meta.measure import measure_activation_bytes
 
     rows = []
     for preset in presets:

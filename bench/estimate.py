@@ -36,7 +36,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     args = parser.parse_args()
 
-    from ckpt_core._presets import preset_names
+    from ckpt_core._configs.presets import preset_names
 
     presets = QUICK if args.quick else tuple(preset_names())
     seqs = (1024, 4096) if args.quick else (1024, 4096, 16384)
@@ -75,11 +75,11 @@ class Row:
 
 
 def _rows(preset: str, seqs: tuple[int, ...], args: argparse.Namespace) -> list[Row]:
-    from ckpt_core._activations import activation_bytes
-    from ckpt_core._advise import model_facts, parse_workload, prepare
+    from ckpt_core._configs.model_config import build_meta_model, load_model_config
     from ckpt_core._errors import InvalidWorkloadError
-    from ckpt_core._measure import measure_activation_bytes
-    from ckpt_core._models import build_meta_model, load_model_config
+    from ckpt_core._memory.activations import activation_bytes
+    from ckpt_core._memory.advise import model_facts, parse_workload, prepare
+    from ckpt_core._meta.measure import measure_activation_bytes
 
     config = load_model_config({"preset": preset})
     model = _build(build_meta_model, config, args.attention)
@@ -128,8 +128,8 @@ def _build(build_meta_model: object, config: object, attention: str) -> object:
 
 def _time_70b(args: argparse.Namespace) -> None:
     """Cold: build a 70B-class preset on meta and measure seq 8192, every tier."""
-    from ckpt_core._measure import measure_activation_bytes
-    from ckpt_core._models import build_meta_model, load_model_config
+    from ckpt_core._configs.model_config import build_meta_model, load_model_config
+    from ckpt_core._meta.measure import measure_activation_bytes
 
     for preset in ("llama-3.1-70b", "qwen2.5-72b"):
         start = time.perf_counter()

@@ -10,7 +10,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ckpt_core._config_json import ConfigLimits, model_config_key
+from ckpt_core._configs.config_json import ConfigLimits, model_config_key
+from ckpt_core._configs.model_config import ModelConfig, build_meta_model, load_model_config
+from ckpt_core._configs.presets import PresetInfo, list_presets, load_preset
 from ckpt_core._dry_run import MEASURE_FIELDS, DryRunReport, dry_run, measure_shape
 from ckpt_core._errors import (
     CheckpointConflictError,
@@ -25,12 +27,9 @@ from ckpt_core._errors import (
     UnknownPresetError,
     UnsupportedTransformersVersionError,
 )
-from ckpt_core._gpus import GPUS, GpuSpec, lookup_gpu
-from ckpt_core._models import ModelConfig, build_meta_model, load_model_config
 from ckpt_core._plan import Plan, make_plan
-from ckpt_core._presets import PresetInfo, list_presets, load_preset
-from ckpt_core._seed_api import describe_tier, resolve_gradient_checkpointing, resolve_granularity
-from ckpt_core._tiers import (
+from ckpt_core._planning.gpus import GPUS, GpuSpec, lookup_gpu
+from ckpt_core._planning.tiers import (
     AUTO_FULL_THRESHOLD_GB,
     AUTO_SELECTIVE_THRESHOLD_GB,
     GRANULARITIES,
@@ -40,19 +39,20 @@ from ckpt_core._tiers import (
     TierLike,
     parse_tier,
 )
-from ckpt_core._training_args import HookKind, installed_transformers_version
-from ckpt_core._workload import Workload
+from ckpt_core._planning.training_args import HookKind, installed_transformers_version
+from ckpt_core._planning.workload import Workload
+from ckpt_core._seed_api import describe_tier, resolve_gradient_checkpointing, resolve_granularity
 
 # Public names whose modules import torch: loaded on first attribute access.
 _LAZY: dict[str, str] = {
-    "HookReport": "ckpt_core._hooks",
-    "install_checkpoint_hooks": "ckpt_core._hooks",
-    "install_selective_hooks": "ckpt_core._hooks",
-    "remove_checkpoint_hooks": "ckpt_core._hooks",
-    "is_hf_checkpointing_enabled": "ckpt_core._hooks",
-    "find_blocks": "ckpt_core._blocks",
-    "measure_activation_bytes": "ckpt_core._measure",
-    "find_attention": "ckpt_core._blocks",
+    "HookReport": "ckpt_core._hooks.install",
+    "install_checkpoint_hooks": "ckpt_core._hooks.install",
+    "install_selective_hooks": "ckpt_core._hooks.install",
+    "remove_checkpoint_hooks": "ckpt_core._hooks.install",
+    "is_hf_checkpointing_enabled": "ckpt_core._hooks.install",
+    "find_blocks": "ckpt_core._hooks.blocks",
+    "measure_activation_bytes": "ckpt_core._meta.measure",
+    "find_attention": "ckpt_core._hooks.blocks",
     "Answer": "ckpt_core.client",
     "CkptClient": "ckpt_core.client",
     "ServiceRequestError": "ckpt_core.client",

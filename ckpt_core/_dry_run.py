@@ -17,12 +17,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any, Final
 
-from ckpt_core._config_json import ConfigLimits
+from ckpt_core._configs.config_json import ConfigLimits
+from ckpt_core._configs.model_config import build_meta_model, count_parameters, load_model_config
 from ckpt_core._errors import InvalidWorkloadError
-from ckpt_core._models import build_meta_model, count_parameters, load_model_config
 from ckpt_core._plan import make_plan
-from ckpt_core._tiers import Granularity, Tier
-from ckpt_core._workload import Workload
+from ckpt_core._planning.tiers import Granularity, Tier
+from ckpt_core._planning.workload import Workload
 
 if TYPE_CHECKING:
     from torch import nn
@@ -102,10 +102,10 @@ def dry_run(
 def _cover(model: nn.Module, granularity: Granularity | None) -> tuple[int, tuple[str, ...]]:
     """(number of blocks, names of the modules the granularity checkpoints)."""
     if granularity is None:
-        from ckpt_core._blocks import find_blocks
+        from ckpt_core._hooks.blocks import find_blocks
 
         return sum(len(stack) for stack in find_blocks(model).values()), ()
-    from ckpt_core._hooks import install_checkpoint_hooks
+    from ckpt_core._hooks.install import install_checkpoint_hooks
 
     report = install_checkpoint_hooks(model, granularity)
     return len(report.blocks), report.hooked
@@ -143,7 +143,7 @@ def _measure(model: nn.Module, granularity: Granularity | None, shape: Workload)
     The model already carries the hooks of ``granularity``; the measurement
     uses them as they are.
     """
-    from ckpt_core._measure import measure_activation_bytes
+    from ckpt_core._meta.measure import measure_activation_bytes
 
     requested = {f.name: getattr(shape, f.name) for f in fields(shape) if f.name in MEASURE_FIELDS}
     with _as_measure_errors():  # e.g. seq_len beyond GPT-2's learned positions

@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ckpt_core._errors import ModelConfigError
-from ckpt_core._gpus import gpu_memory_for, lookup_gpu
-from ckpt_core._tiers import (
+from ckpt_core._planning.gpus import gpu_memory_for, lookup_gpu
+from ckpt_core._planning.tiers import (
     AUTO_FULL_THRESHOLD_GB,
     AUTO_SELECTIVE_THRESHOLD_GB,
     Granularity,
@@ -22,17 +22,17 @@ from ckpt_core._tiers import (
     granularity_for,
     parse_tier,
 )
-from ckpt_core._training_args import (
+from ckpt_core._planning.training_args import (
     EVERY_N_LAYERS_SINCE,
     HookKind,
     installed_transformers_version,
     parse_transformers_version,
     trainer_settings,
 )
-from ckpt_core._workload import Workload
+from ckpt_core._planning.workload import Workload
 
 if TYPE_CHECKING:
-    from ckpt_core._models import ModelConfig
+    from ckpt_core._configs.model_config import ModelConfig
 
 # The newest behaviour we know, used when no version is given and none is installed.
 ASSUMED_TRANSFORMERS_VERSION = "5.24.0"
@@ -112,7 +112,7 @@ def make_plan(
         why = _why_granularity(parsed, granularity, memory, gpu_name)
         description = describe(parsed, memory)
     else:
-        from ckpt_core._advise import advise  # the memory model: only when a model is given
+        from ckpt_core._memory.advise import advise  # the memory model: only when a model is given
 
         advice = advise(parsed, model, workload, memory)
         granularity, why = advice.granularity, advice.reason  # type: ignore[assignment]

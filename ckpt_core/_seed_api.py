@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ckpt_core._plan import make_plan, resolve_gpu_memory
-from ckpt_core._tiers import Granularity, TierLike, describe, granularity_for, parse_tier
+from ckpt_core._planning.tiers import Granularity, TierLike, describe, granularity_for, parse_tier
 
 
 def resolve_granularity(

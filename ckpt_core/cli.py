@@ -25,10 +25,10 @@ from typing import Any, NoReturn
 
 from ckpt_core._dry_run import MEASURE_FIELDS
 from ckpt_core._errors import CkptError, ModelConfigError, UnknownGpuError
-from ckpt_core._gpus import lookup_gpu
 from ckpt_core._plan import Plan, make_plan
+from ckpt_core._planning.gpus import lookup_gpu
+from ckpt_core._planning.tiers import parse_tier
 from ckpt_core._seed_api import describe_tier
-from ckpt_core._tiers import parse_tier
 from ckpt_core.client import ServiceUnavailableError, local_plan
 
 EXIT_BAD_INPUT = 2
@@ -226,7 +226,7 @@ def _cmd_dry_run(args: argparse.Namespace) -> None:
 
 
 def _cmd_presets(args: argparse.Namespace) -> None:
-    from ckpt_core._presets import list_presets
+    from ckpt_core._configs.presets import list_presets
 
     presets = [preset.to_dict() for preset in list_presets()]
     lines = [f"{'name':<20} {'model_type':<12} {'architecture':<32} {'parameters':>10}"]

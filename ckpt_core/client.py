@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from ckpt_core._errors import CkptError
 from ckpt_core._plan import ASSUMED_TRANSFORMERS_VERSION, Plan, make_plan
+from ckpt_core._planning.training_args import installed_transformers_version
 from ckpt_core._seed_api import describe_tier
-from ckpt_core._training_args import installed_transformers_version
 
 if TYPE_CHECKING:
     import httpx

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from ckpt_core import InvalidWorkloadError, ModelConfigError, make_plan
-from ckpt_core._tiers import auto_granularity_by_memory
+from ckpt_core._planning.tiers import auto_granularity_by_memory
 
 COST = {None: 0, "selective": 1, "medium": 2, "full": 3}
 TIERS = ("off", "selective", "medium", "full")
@@ -187,7 +187,7 @@ def test_a_model_type_without_a_memory_model_is_an_error() -> None:
 
 
 def test_an_inline_config_equal_to_a_preset_gives_the_same_estimate() -> None:
-    from ckpt_core._presets import load_preset
+    from ckpt_core._configs.presets import load_preset
 
     workload = {"seq_len": 2048}
     by_name = plan(model={"preset": "qwen2.5-1.5b"}, workload=workload)

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from ckpt_core import describe_tier, make_plan
-from ckpt_core._presets import preset_names
+from ckpt_core._configs.presets import preset_names
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUTF8": "1"}
 

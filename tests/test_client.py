@@ -32,7 +32,7 @@ from ckpt_core import (
     make_plan,
 )
 from ckpt_core._dry_run import dry_run
-from ckpt_core._training_args import installed_transformers_version
+from ckpt_core._planning.training_args import installed_transformers_version
 from ckpt_core.client import (
     CkptClient,
     ServiceRequestError,

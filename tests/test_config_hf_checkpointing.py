@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from ckpt_core import CheckpointConflictError, ModelConfigError, make_plan
+from ckpt_core._configs.model_config import build_meta_model, load_model_config
 from ckpt_core._dry_run import dry_run
-from ckpt_core._hooks import is_hf_checkpointing_enabled
-from ckpt_core._measure import measure_activation_bytes
-from ckpt_core._models import build_meta_model, load_model_config
+from ckpt_core._hooks.install import is_hf_checkpointing_enabled
+from ckpt_core._meta.measure import measure_activation_bytes
 from tests._tiny_models import tiny_config
 
 TINY_LLAMA: dict[str, Any] = {
@@ -68,7 +68,7 @@ def _switched_on(where: str) -> tuple[dict[str, Any], str]:
 @pytest.mark.parametrize("where", ["top", "text_config"])
 def test_refused_where_it_would_turn_on(where: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Refused with its path; without the check the config builds with HF's checkpointing on."""
-    import ckpt_core._config_json as config_json
+    from ckpt_core._configs import config_json
 
     config, path = _switched_on(where)
     assert _config_error(config).field == f"{path}.gradient_checkpointing"

@@ -15,10 +15,10 @@ from ckpt_core import (
     ModelConfigError,
     UnknownPresetError,
 )
-from ckpt_core._config_json import ConfigLimits
+from ckpt_core._configs.config_json import ConfigLimits
+from ckpt_core._configs.model_config import build_meta_model, count_parameters, load_model_config
+from ckpt_core._configs.presets import list_presets, load_preset
 from ckpt_core._dry_run import DryRunReport, dry_run
-from ckpt_core._models import build_meta_model, count_parameters, load_model_config
-from ckpt_core._presets import list_presets, load_preset
 
 # A dense decoder, an MoE, an encoder-decoder and a vision + language model.
 PRESETS = ("llama-3.2-1b", "qwen3-30b-a3b", "t5-base", "gemma-3-4b")
@@ -215,12 +215,12 @@ def test_bad_measure_names_the_field(measure: object, field: str) -> None:
 
 
 def test_measure_passes_the_shape_and_the_hooked_model(monkeypatch) -> None:
-    import ckpt_core._measure as measure_module
+    import ckpt_core._meta.measure as measure_module
 
     seen: dict[str, Any] = {}
 
     def fake_measure(model: Any, granularity: str | None, **shape: Any) -> int:
-        from ckpt_core._hooks import is_hooked
+        from ckpt_core._hooks.install import is_hooked
 
         seen.update(shape, granularity=granularity)
         seen["hooked"] = sum(is_hooked(module) for module in model.modules())

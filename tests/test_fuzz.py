@@ -32,7 +32,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 from schemathesis.config import SchemathesisConfig
 
-from ckpt_core._config_json import ConfigLimits
+from ckpt_core._configs.config_json import ConfigLimits
 from service.app import create_app
 from service.settings import Settings
 from tests._tiny_models import ARCHS, tiny_config

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ckpt_core._errors import CheckpointConflictError, CkptError, InvalidGranularityError
-from ckpt_core._hooks import (
+from ckpt_core._hooks.install import (
     install_checkpoint_hooks,
     install_selective_hooks,
     is_hf_checkpointing_enabled,
@@ -246,7 +246,7 @@ def test_seed_entry_point_returns_the_count(llama: nn.Module) -> None:
 
 def test_importing_the_hook_modules_loads_neither_torch_nor_transformers() -> None:
     code = (
-        "import sys, ckpt_core._hooks, ckpt_core._blocks; "
+        "import sys, ckpt_core._hooks.install, ckpt_core._hooks.blocks; "
         "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; "
         "assert not bad, bad"
     )
@@ -254,7 +254,7 @@ def test_importing_the_hook_modules_loads_neither_torch_nor_transformers() -> No
 
 
 def test_remove_by_name_leaves_other_hooks_in_place() -> None:
-    from ckpt_core._hooks import remove_checkpoint_hooks
+    from ckpt_core._hooks.install import remove_checkpoint_hooks
 
     model = tiny_model("llama")
     report = install_checkpoint_hooks(model, "selective")

@@ -14,7 +14,7 @@ import copy
 import pytest
 import torch
 
-from ckpt_core._hooks import install_checkpoint_hooks
+from ckpt_core._hooks.install import install_checkpoint_hooks
 from tests._tiny_models import ARCHS, loss_and_grads, tiny_batch, tiny_model
 
 GRANULARITIES = ("full", "medium", "selective")

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from ckpt_core._hooks import install_checkpoint_hooks
+from ckpt_core._hooks.install import install_checkpoint_hooks
 from tests._tiny_models import ARCHS, tiny_batch, tiny_model
 
 COUNT_ARCHS = ("llama", "qwen2_moe", "gpt2", "t5", "bart", "bert", "llava")

@@ -9,8 +9,8 @@ import re
 import pytest
 from torch import nn
 
-from ckpt_core._blocks import find_attention, find_blocks, is_attention_module
-from ckpt_core._hooks import install_checkpoint_hooks
+from ckpt_core._hooks.blocks import find_attention, find_blocks, is_attention_module
+from ckpt_core._hooks.install import install_checkpoint_hooks
 from tests._tiny_models import ARCHS, DEFAULT_LAYERS, tiny_model
 
 _DECODER = {"model.layers": ("self_attn",)}

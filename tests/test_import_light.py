@@ -23,8 +23,8 @@ def test_import_ckpt_core_loads_nothing_heavy() -> None:
 def test_lazy_names_load_on_first_use() -> None:
     code = (
         "import sys, ckpt_core\n"
-        "assert 'ckpt_core._hooks' not in sys.modules\n"
-        "from ckpt_core._hooks import install_checkpoint_hooks\n"
+        "assert 'ckpt_core._hooks.install' not in sys.modules\n"
+        "from ckpt_core._hooks.install import install_checkpoint_hooks\n"
         "assert ckpt_core.install_checkpoint_hooks is install_checkpoint_hooks\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)

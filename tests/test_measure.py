@@ -24,8 +24,8 @@ from ckpt_core import (
     InvalidWorkloadError,
     install_checkpoint_hooks,
 )
-from ckpt_core._hooks import is_hooked
-from ckpt_core._measure import measure_activation_bytes
+from ckpt_core._hooks.install import is_hooked
+from ckpt_core._meta.measure import measure_activation_bytes
 from tests._tiny_models import tiny_model
 
 TIERS = ("off", "selective", "medium", "full")
@@ -118,7 +118,7 @@ def test_decoder_input_ids_measure_what_the_models_own_label_shift_keeps(
 ) -> None:
     """The measurement passes decoder ids itself; the model's own shift of the labels keeps the
     same bytes (a new tensor of the same shape and dtype)."""
-    import ckpt_core._measure as measure_module
+    import ckpt_core._meta.measure as measure_module
 
     model = _tiny(arch, "sdpa").to("meta")
     ours = measure_activation_bytes(model, "off", seq_len=SEQ, micro_batch_size=BATCH)

@@ -16,14 +16,14 @@ import pytest
 import torch
 
 from ckpt_core import InvalidWorkloadError, ModelConfigError, make_plan
-from ckpt_core._activations import activation_bytes
-from ckpt_core._advise import Run, model_facts, parse_workload, prepare
-from ckpt_core._arch import NO_FLASH, NO_SDPA, arch_of
-from ckpt_core._flops import recompute_ratio
-from ckpt_core._ledger import Step
-from ckpt_core._measure import measure_activation_bytes
-from ckpt_core._models import build_meta_model, count_parameters, load_model_config
-from ckpt_core._presets import load_preset, preset_names
+from ckpt_core._configs.model_config import build_meta_model, count_parameters, load_model_config
+from ckpt_core._configs.presets import load_preset, preset_names
+from ckpt_core._memory.activations import activation_bytes
+from ckpt_core._memory.advise import Run, model_facts, parse_workload, prepare
+from ckpt_core._memory.families import NO_FLASH, NO_SDPA, arch_of
+from ckpt_core._memory.flops import recompute_ratio
+from ckpt_core._memory.ledger import Step
+from ckpt_core._meta.measure import measure_activation_bytes
 from tests._tiny_models import tiny_model
 
 TIERS = ("off", "selective", "medium", "full")
@@ -269,9 +269,9 @@ def test_peak_without_allowance_matches_mem_tracker_on_meta(
     from torch.distributed._tools.mem_tracker import MemTracker
 
     from ckpt_core import install_checkpoint_hooks
-    from ckpt_core._memory import tier_memory
-    from ckpt_core._meta_stand_ins import meta_kernels, no_data_dependent_mask_checks
-    from ckpt_core._presets import load_preset
+    from ckpt_core._configs.presets import load_preset
+    from ckpt_core._memory.estimate import tier_memory
+    from ckpt_core._meta.stand_ins import meta_kernels, no_data_dependent_mask_checks
 
     seq, model_input = 1024, {"config": {**load_preset(preset), "num_hidden_layers": layers}}
     model = build_meta_model(load_model_config(model_input), attention="eager")

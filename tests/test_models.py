@@ -13,9 +13,14 @@ from typing import Any
 import pytest
 
 from ckpt_core import ConfigTooLargeError, ModelConfigError, UnknownPresetError
-from ckpt_core._config_json import ConfigLimits, model_config_key
-from ckpt_core._models import ModelConfig, build_meta_model, count_parameters, load_model_config
-from ckpt_core._presets import load_preset
+from ckpt_core._configs.config_json import ConfigLimits, model_config_key
+from ckpt_core._configs.model_config import (
+    ModelConfig,
+    build_meta_model,
+    count_parameters,
+    load_model_config,
+)
+from ckpt_core._configs.presets import load_preset
 
 TINY_LLAMA: dict[str, Any] = {
     "model_type": "llama",
@@ -446,10 +451,11 @@ def test_load_and_build_touch_no_network(monkeypatch) -> None:
 
 def test_importing_the_model_modules_loads_no_torch() -> None:
     code = (
-        "import sys, ckpt_core._models, ckpt_core._presets, ckpt_core._dry_run\n"
-        "import ckpt_core._config_json\n"
-        "ckpt_core._presets.list_presets()\n"
-        "ckpt_core._config_json.ConfigLimits()\n"
+        "import sys, ckpt_core._configs.model_config, ckpt_core._configs.presets\n"
+        "import ckpt_core._dry_run\n"
+        "import ckpt_core._configs.config_json\n"
+        "ckpt_core._configs.presets.list_presets()\n"
+        "ckpt_core._configs.config_json.ConfigLimits()\n"
         "heavy = [m for m in ('torch', 'transformers', 'pydantic', 'fastapi')"
         " if m in sys.modules]\n"
         "assert not heavy, heavy\n"

@@ -7,7 +7,7 @@ from unittest import mock
 
 from ckpt_core import make_plan
 from ckpt_core._plan import ASSUMED_TRANSFORMERS_VERSION
-from ckpt_core._training_args import installed_transformers_version
+from ckpt_core._planning.training_args import installed_transformers_version
 
 
 def test_installed_version_is_the_metadata_version() -> None:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 import ckpt_core
-from ckpt_core._training_args import parse_transformers_version
+from ckpt_core._planning.training_args import parse_transformers_version
 
 
 @pytest.mark.parametrize(

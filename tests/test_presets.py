@@ -9,8 +9,8 @@ from importlib import resources
 import pytest
 
 from ckpt_core import UnknownPresetError
-from ckpt_core._models import build_meta_model, count_parameters, load_model_config
-from ckpt_core._presets import PresetInfo, list_presets, load_preset, preset_names
+from ckpt_core._configs.model_config import build_meta_model, count_parameters, load_model_config
+from ckpt_core._configs.presets import PresetInfo, list_presets, load_preset, preset_names
 
 REQUIRED = (
     "llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b",

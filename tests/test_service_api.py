@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 import ckpt_core
-from ckpt_core._presets import list_presets
+from ckpt_core._configs.presets import list_presets
 from tests.conftest import TINY_CONFIG, metric
 
 JSON = {"content-type": "application/json"}

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_core._config_json import ConfigLimits
+from ckpt_core._configs.config_json import ConfigLimits
+from ckpt_core._configs.presets import PresetInfo
 from ckpt_core._dry_run import DryRunReport
 from ckpt_core._plan import Plan
-from ckpt_core._presets import PresetInfo
 from service.cache import LRUCache
 from service.errors import MalformedJSONError, field_path
 from service.jsonbody import is_json_media_type, strict_loads

@@ -21,7 +21,7 @@ import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from ckpt_core import CheckpointConflictError, Plan, make_plan
-from ckpt_core._hooks import is_hf_checkpointing_enabled, is_hooked
+from ckpt_core._hooks.install import is_hf_checkpointing_enabled, is_hooked
 from ckpt_core.integrations.hf import (
     CheckpointPlanCallback,
     PlanConflictWarning,

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from transformers import TrainerCallback
 
 from ckpt_core._errors import CheckpointConflictError
-from ckpt_core._hooks import (
+from ckpt_core._hooks.install import (
     HookReport,
     install_checkpoint_hooks,
     is_hf_checkpointing_enabled,

@@ -22,12 +22,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from ckpt_core._activations import TIERS
-from ckpt_core._arch import NO_FLASH, NO_SDPA, Arch, arch_of
 from ckpt_core._errors import InvalidWorkloadError
-from ckpt_core._flops import recompute_ratio
-from ckpt_core._ledger import Step
-from ckpt_core._memory import (
+from ckpt_core._memory.arch import Arch
+from ckpt_core._memory.estimate import (
     ASSUMPTIONS,
     DTYPE_BYTES,
     GIB,
@@ -36,8 +33,12 @@ from ckpt_core._memory import (
     static_memory,
     tier_memory,
 )
-from ckpt_core._params import ParamLayout, param_layout
-from ckpt_core._workload import Workload
+from ckpt_core._memory.families import NO_FLASH, NO_SDPA, arch_of, param_layout
+from ckpt_core._memory.flops import recompute_ratio
+from ckpt_core._memory.ledger import Step
+from ckpt_core._memory.param_layout import ParamLayout
+from ckpt_core._planning.tiers import CONCRETE_TIERS
+from ckpt_core._planning.workload import Workload
 
 # The attention kernel kinds of the activation model, by requested implementation.
 _KERNEL: Final[dict[str, str]] = {"sdpa": "fused", "flash_attention_2": "flash", "eager": "eager"}
@@ -67,8 +68,8 @@ _FACTS_LIMIT: Final = 256
 
 
 def model_facts(model: object) -> Facts:
-    """Validate the model input (rules of `ckpt_core._models`) and parse it once per key."""
-    from ckpt_core._models import ModelConfig, hf_config_from_dict, load_model_config
+    """Validate the model input (`load_model_config`'s rules) and parse it once per key."""
+    from ckpt_core._configs.model_config import ModelConfig, hf_config_from_dict, load_model_config
 
     config = model if isinstance(model, ModelConfig) else load_model_config(model)
     facts = _FACTS.get(config.key)
@@ -234,7 +235,7 @@ def choose(run: Run, estimate: Mapping[str, Any], gpu_memory_gb: float | None) -
         )
     budget = estimate["assumptions"]["budget_bytes"]
     where = f"{_gib(budget)} usable of {gpu_memory_gb:.1f} GiB (headroom {run.workload.headroom:g})"
-    for tier in TIERS:
+    for tier in CONCRETE_TIERS:
         if tiers[tier]["fits"]:
             chosen = None if tier == "off" else tier
             reason = (
@@ -320,7 +321,7 @@ def _largest(make: Any, upper: int, run: Run, budget: int) -> int:
 
 def _first_fitting(run: Run, workload: Workload, budget: int) -> str | None:
     other = prepare(run.facts, workload)
-    for tier in TIERS:
+    for tier in CONCRETE_TIERS:
         if tier_memory(other.facts.arch, other.step, tier, other.static).peak_bytes <= budget:
             return tier
     return None
@@ -355,7 +356,7 @@ def advise(tier: str, model: object, workload: object, gpu_memory_gb: float | No
             f"seq_len {run.workload.seq_len} x micro-batch {run.workload.micro_batch_size})"
         )
         return Advice(choice.granularity, choice.reason, description, estimate)
-    from ckpt_core._tiers import describe
+    from ckpt_core._planning.tiers import describe
 
     granularity = None if tier == "off" else tier
     reason = f"tier {tier!r} requested; {_fit_sentence(estimate, tier)}"

@@ -1,6 +1,6 @@
 """A model config as JSON: the cheap checks, its canonical form and its key.
 
-Steps 1 and 2 of `ckpt_core._models.load_model_config`, which need nothing but
+Steps 1 and 2 of `ckpt_core._configs.model_config.load_model_config`, which need nothing but
 the JSON and transformers' list of model types:
 
 1. one walk over the raw dict: JSON types only, nesting depth, a node budget
@@ -25,8 +25,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from ckpt_core._configs.presets import canonical_preset_name, load_preset
 from ckpt_core._errors import ConfigTooLargeError, ModelConfigError
-from ckpt_core._presets import canonical_preset_name, load_preset
 
 Source = Literal["preset", "config"]
 

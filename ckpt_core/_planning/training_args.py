@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from ckpt_core._errors import UnsupportedTransformersVersionError
-from ckpt_core._tiers import Granularity
+from ckpt_core._planning.tiers import Granularity
 
 Version = tuple[int, int, int]
 

@@ -37,12 +37,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from ckpt_core._activations import TIERS, activation_bytes
-from ckpt_core._arch import Arch
-from ckpt_core._ledger import Step
-from ckpt_core._params import ParamLayout
-from ckpt_core._transient import transient_bytes
-from ckpt_core._workload import Workload
+from ckpt_core._memory.activations import activation_bytes
+from ckpt_core._memory.arch import Arch
+from ckpt_core._memory.ledger import Step
+from ckpt_core._memory.param_layout import ParamLayout
+from ckpt_core._memory.transient import transient_bytes
+from ckpt_core._planning.tiers import CONCRETE_TIERS, ConcreteTier
+from ckpt_core._planning.workload import Workload
 
 GIB: Final = 1 << 30
 CONTEXT_BYTES: Final = GIB
@@ -138,7 +139,7 @@ def _optimizer_bytes_per_parameter(optimizer: str, param_bytes: int) -> float:
     return 0.0
 
 
-def tier_memory(arch: Arch, step: Step, tier: str, static: StaticMemory) -> TierMemory:
+def tier_memory(arch: Arch, step: Step, tier: ConcreteTier, static: StaticMemory) -> TierMemory:
     """Activations (closed form), transient, allowance and the peak for one tier."""
     activations = activation_bytes(arch, step, tier)
     transient = transient_bytes(arch, step, tier)
@@ -149,4 +150,4 @@ def tier_memory(arch: Arch, step: Step, tier: str, static: StaticMemory) -> Tier
 
 def all_tiers(arch: Arch, step: Step, static: StaticMemory) -> dict[str, TierMemory]:
     """`tier_memory` for off, selective, medium and full."""
-    return {tier: tier_memory(arch, step, tier, static) for tier in TIERS}
+    return {tier: tier_memory(arch, step, tier, static) for tier in CONCRETE_TIERS}

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from ckpt_core._errors import InvalidGpuMemoryError, UnknownGpuError
-from ckpt_core._tiers import validate_gpu_memory_gb
+from ckpt_core._planning.tiers import validate_gpu_memory_gb
 
 
 @dataclass(frozen=True, slots=True)

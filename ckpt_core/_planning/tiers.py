@@ -17,8 +17,13 @@ Tier = Literal["off", "full", "medium", "selective", "auto"]
 Granularity = Literal["full", "medium", "selective"]
 TierLike = bool | str | None
 
+# A concrete tier names what to checkpoint (every tier but auto, which chooses one).
+ConcreteTier = Literal["off", "selective", "medium", "full"]
+
 TIERS: Final[tuple[Tier, ...]] = ("off", "full", "medium", "selective", "auto")
 GRANULARITIES: Final[tuple[Granularity, ...]] = ("full", "medium", "selective")
+# Least recompute first for a typical model (the estimate answers each of them).
+CONCRETE_TIERS: Final[tuple[ConcreteTier, ...]] = ("off", "selective", "medium", "full")
 
 # Seed thresholds for ``auto`` without a model, in GiB (2**30 bytes) of GPU
 # memory as torch reports it.  Tuned for a 7-8B LoRA run at bf16 + 4-bit

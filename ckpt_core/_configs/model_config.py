@@ -3,7 +3,7 @@
 `load_model_config` turns ``{"preset": NAME}`` or ``{"config": {...}}`` into a
 `ModelConfig` in this order, so that nothing expensive runs on hostile input:
 
-1-2. the cheap checks of `ckpt_core._config_json`: JSON types, depth, size,
+1-2. the cheap checks of `ckpt_core._configs.config_json`: JSON types, depth, size,
    remote code, HF's own checkpointing, size fields in bounds, a known
    ``model_type``;
 3. the ``PretrainedConfig`` built from the dict (pure Python, no network);
@@ -21,9 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Final
 
-from ckpt_core._config_json import ConfigLimits, Source, blamed_on_preset, check_config_json
+from ckpt_core._configs.config_json import ConfigLimits, Source, blamed_on_preset, check_config_json
+from ckpt_core._configs.size_bounds import count_parameters, estimate_parameters, expert_instances
 from ckpt_core._errors import ConfigTooLargeError, ModelConfigError
-from ckpt_core._model_size import count_parameters, estimate_parameters, expert_instances
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

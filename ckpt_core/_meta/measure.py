@@ -15,7 +15,7 @@ the outer hook and so are counted - the hooks pass every tensor positionally.
 Only the forward runs: ``activation_bytes`` is defined at the end of forward,
 and a backward on meta would add time, not information.
 
-On meta, `ckpt_core._meta_stand_ins` makes the forward keep what a GPU forward
+On meta, `ckpt_core._meta.stand_ins` makes the forward keep what a GPU forward
 keeps (fused attention, CUDA dropout masks) and answers transformers'
 data-dependent mask checks (packed sequences, sdpa mask skipping) as for the
 unpadded input it feeds.
@@ -36,19 +36,19 @@ from ckpt_core._errors import (
     InvalidGranularityError,
     InvalidWorkloadError,
 )
-from ckpt_core._meta_stand_ins import (
+from ckpt_core._meta.stand_ins import (
     FLASH_STAND_IN,
     meta_kernels,
     no_data_dependent_mask_checks,
     register_flash_stand_in,
 )
-from ckpt_core._workload import Workload
+from ckpt_core._planning.tiers import CONCRETE_TIERS
+from ckpt_core._planning.workload import Workload
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-GRANULARITIES: Final[tuple[str, ...]] = ("off", "selective", "medium", "full")
 
 _DTYPES: Final[dict[str, str]] = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
@@ -155,10 +155,10 @@ def _check_positions(model: nn.Module, seq_len: int) -> None:
 
 def _parse_granularity(granularity: object) -> str:
     value = "off" if granularity is None else granularity
-    if isinstance(value, str) and value.strip().lower() in GRANULARITIES:
+    if isinstance(value, str) and value.strip().lower() in CONCRETE_TIERS:
         return value.strip().lower()
     raise InvalidGranularityError(
-        f"granularity must be None or one of {', '.join(GRANULARITIES)}; got {granularity!r}",
+        f"granularity must be None or one of {', '.join(CONCRETE_TIERS)}; got {granularity!r}",
         field="granularity",
     )
 
@@ -309,7 +309,7 @@ def _hooks(model: nn.Module, granularity: str) -> Iterator[None]:
     Hooks this call installs are removed afterwards; hooks the caller had
     installed for the same granularity are used and kept.
     """
-    from ckpt_core._hooks import (
+    from ckpt_core._hooks.install import (
         install_checkpoint_hooks,
         is_hf_checkpointing_enabled,
         is_hooked,

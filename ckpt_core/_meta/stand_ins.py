@@ -1,6 +1,6 @@
 """Meta-device stand-ins that make a meta forward keep what a GPU forward keeps.
 
-Used by `ckpt_core._measure` for meta tensors only; real tensors always take
+Used by `ckpt_core._meta.measure` for meta tensors only; real tensors always take
 the real path, so concurrent real runs are unaffected:
 
 - ``scaled_dot_product_attention`` on meta would take the math path and keep

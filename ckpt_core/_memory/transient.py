@@ -1,6 +1,6 @@
 """The transient working set of the backward pass, on top of the kept activations.
 
-Two moments compete for the step's peak (`ckpt_core._memory` takes the larger):
+Two moments compete for the step's peak (`ckpt_core._memory.estimate` takes the larger):
 
 - the loss backward, right after forward: the gradient of the log-softmax and
   its input, each vocab x tokens (fp32 for causal LMs, whose loss upcasts the
@@ -21,12 +21,14 @@ not subtract the head's buffers, already freed by then (Llama-2-7B shape, seq
 
 from __future__ import annotations
 
-from ckpt_core._activations import largest_block
-from ckpt_core._arch import Arch
-from ckpt_core._ledger import Step
+from ckpt_core._memory.activations import largest_block
+from ckpt_core._memory.arch import Arch
+from ckpt_core._memory.families import family_of
+from ckpt_core._memory.ledger import Step
+from ckpt_core._planning.tiers import ConcreteTier
 
 
-def transient_bytes(arch: Arch, step: Step, tier: str) -> int:
+def transient_bytes(arch: Arch, step: Step, tier: ConcreteTier) -> int:
     """Bytes allocated temporarily during the backward of ``tier`` (peak of the two moments)."""
     return max(
         _loss_backward(arch, step), _recomputed(arch, step, tier) + _widest_gradients(arch, step)
@@ -35,19 +37,19 @@ def transient_bytes(arch: Arch, step: Step, tier: str) -> int:
 
 def _loss_backward(arch: Arch, step: Step) -> int:
     logits = step.tokens * arch.vocab
-    loss_bytes = step.dtype_bytes if arch.family in ("bert", "t5") else 4
+    loss_bytes = 4 if family_of(arch).loss_in_fp32 else step.dtype_bytes
     softcap = step.dtype_bytes * logits if arch.final_softcap else 0
     return 2 * loss_bytes * logits + softcap
 
 
-def _recomputed(arch: Arch, step: Step, tier: str) -> int:
+def _recomputed(arch: Arch, step: Step, tier: ConcreteTier) -> int:
     """Activations a checkpointed block (or attention) holds again while it is differentiated."""
     if tier == "off":
         return 0
-    plain = largest_block(arch, step, "plain")
+    plain = largest_block(arch, step, "off")
     if tier == "selective":
         return plain - largest_block(arch, step, "selective")
-    return plain - largest_block(arch, step, "ckpt")
+    return plain - largest_block(arch, step, "full")
 
 
 def _widest_gradients(arch: Arch, step: Step) -> int:

@@ -8,8 +8,9 @@ same storage, so aliasing (fp32 ``.to(float32)`` returning its input, ``q``,
 ``k``, ``v`` being views of one fused projection) is counted exactly once.
 
 A `Ledger` holds name -> bytes for one scope (a block); `Step` carries the run
-shape and what is trainable.  The op helpers below (norms, linears,
-activations, dropout) are shared by every family in `ckpt_core._activations`.
+shape and what is trainable; a `BlockMode` says how a block is checkpointed.
+The op helpers below (norms, linears, activations, dropout, the causal-LM
+loss) are shared by every family in `ckpt_core._memory.families`.
 
 Pure arithmetic.
 """
@@ -18,6 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
+
+# How one block is checkpointed, named after the tier that does it to every block:
+# off - it runs normally and keeps what its ops keep; selective - its attention
+# module is checkpointed (it keeps only its tensor inputs); full - the whole block
+# is checkpointed (it keeps only its tensor inputs).
+BlockMode = Literal["off", "selective", "full"]
 
 GLOBAL = "g:"  # names shared by every block (cos / sin, masks, ids): counted once per model
 
@@ -78,11 +86,11 @@ def norm(led: Ledger, step: Step, x: str, tag: str, *, kind: str, rows: int, wid
       normalized value in the dtype;
     - ``layer`` (``nn.LayerNorm``): the input, mean and rstd.
     """
-    e, n = step.dtype_bytes, rows * width
-    upcast = x if e == 4 else f"{tag}.x32"
+    elem_bytes, n = step.dtype_bytes, rows * width
+    upcast = x if elem_bytes == 4 else f"{tag}.x32"
     trained = step.trainable_weights
     if kind == "layer":
-        led.keep(x, e * n)
+        led.keep(x, elem_bytes * n)
         led.keep(f"{tag}.mean", 4 * rows)
         led.keep(f"{tag}.rstd", 4 * rows)
         return f"{tag}.out"
@@ -90,16 +98,16 @@ def norm(led: Ledger, step: Step, x: str, tag: str, *, kind: str, rows: int, wid
     led.keep(f"{tag}.rstd", 4 * rows)
     if kind == "rms":
         if trained:
-            led.keep(f"{tag}.normed", e * n)
+            led.keep(f"{tag}.normed", elem_bytes * n)
     elif kind in ("rms_gemma", "rms_olmo"):
         if trained:
             led.keep(f"{tag}.normed32", 4 * n)
         if kind == "rms_gemma":
             led.keep(f"{tag}.one_plus_w", 4 * width)
     elif kind == "t5":
-        led.keep(x, e * n)
+        led.keep(x, elem_bytes * n)
         if trained:
-            led.keep(f"{tag}.normed", e * n)
+            led.keep(f"{tag}.normed", elem_bytes * n)
     return f"{tag}.out"
 
 
@@ -121,15 +129,15 @@ def activation(led: Ledger, step: Step, x: str, *, tag: str, kind: str, elements
     ``gelu_new`` is written out in Python and keeps the input, the tanh, half
     the input and ``1 + tanh``.
     """
-    e = step.dtype_bytes
+    elem_bytes = step.dtype_bytes
     out = f"{tag}.out"
     if kind == "relu":
-        led.keep(out, e * elements)
+        led.keep(out, elem_bytes * elements)
         return out
-    led.keep(x, e * elements)
+    led.keep(x, elem_bytes * elements)
     if kind == "gelu_new":
         for part in ("tanh", "half", "one_plus"):
-            led.keep(f"{tag}.{part}", e * elements)
+            led.keep(f"{tag}.{part}", elem_bytes * elements)
     return out
 
 
@@ -139,3 +147,10 @@ def dropout(led: Ledger, step: Step, x: str, *, tag: str, p: float, elements: in
         return x
     led.keep(f"{tag}.mask", elements)
     return f"{tag}.out"
+
+
+def causal_loss(led: Ledger, tokens: int, vocab: int) -> None:
+    """transformers' ForCausalLMLoss: logits upcast to fp32, shifted labels, log-softmax kept."""
+    led.keep("loss.log_softmax", 4 * tokens * vocab)
+    led.keep("loss.labels", 8 * tokens)
+    led.keep("loss.weight", 4)

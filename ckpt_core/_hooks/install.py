@@ -35,9 +35,9 @@ import functools
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ckpt_core._blocks import Blocks, every_nth_block, find_attention, find_blocks
 from ckpt_core._errors import CheckpointConflictError, InvalidGranularityError
-from ckpt_core._tiers import GRANULARITIES
+from ckpt_core._hooks.blocks import Blocks, every_nth_block, find_attention, find_blocks
+from ckpt_core._planning.tiers import GRANULARITIES
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable

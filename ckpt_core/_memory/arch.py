@@ -1,0 +1,146 @@
+"""The architecture facts the memory model needs, read once from an HF config.
+
+An `Arch` is plain numbers and flags (sizes, GQA, MLP kind, norms, MoE routing,
+dropout), so that the ledgers and parameter layouts of `ckpt_core._memory.families`
+are pure arithmetic and never build a model.  Each family reads its own configs
+(`Family.read_arch`) with the readers below; a `BlockKind` names what tells one
+model's blocks apart in what they keep.
+
+Pure Python: reads attributes of the config object it is given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+from ckpt_core._errors import ModelConfigError
+
+# Activation functions by what their backward keeps (see `ledger.activation`).
+_ACTIVATIONS: Final[dict[str, str]] = {
+    "silu": "silu",
+    "swish": "silu",
+    "gelu": "gelu",
+    "gelu_pytorch_tanh": "gelu",
+    "gelu_python_tanh": "gelu",
+    "gelu_fast": "gelu",
+    "relu": "relu",
+    "gelu_new": "gelu_new",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Vision:
+    """A vision tower's sizes (weights only: text-only training never runs it)."""
+
+    hidden: int
+    layers: int
+    intermediate: int
+    patches: int  # position-embedding rows
+    patch_pixels: int  # 3 x patch x patch
+    projector: int  # parameters of the projector into the text model
+
+
+@dataclass(frozen=True, slots=True)
+class Arch:
+    """One model's architecture facts, in the names the memory model uses."""
+
+    model_type: str
+    family: str
+    hidden: int
+    layers: int  # blocks of the (decoder) stack
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied: bool
+    act: str  # silu | gelu | gelu_new | relu
+    glu: bool
+    encoder_layers: int = 0  # T5's encoder stack
+    fused_qkv: bool = False  # one projection makes q, k and v (Phi-3)
+    fused_gate_up: bool = False
+    qkv_bias: bool = False
+    norm: str = "rms"  # rms | rms_gemma | rms_olmo | layer | t5
+    qk_norm: str = ""  # "" | head | full
+    sandwich: str = ""  # "" | gemma (4 norms per block) | olmo2 (post-norms only)
+    rope_fp32: bool = False  # cos / sin kept in fp32 (OLMo-2 applies RoPE in fp32)
+    attn_softcap: bool = False
+    final_softcap: bool = False
+    sliding_window: int | None = None
+    sliding_layers: tuple[bool, ...] = ()
+    moe_layers: tuple[bool, ...] = ()
+    experts: int = 0
+    top_k: int = 0
+    moe_intermediate: int = 0
+    router_in_dtype: bool = False  # routing weights cast to the activation dtype (Qwen3-MoE)
+    attn_dropout: float = 0.0
+    hidden_dropout: float = 0.0
+    embed_dropout: float = 0.0
+    positions: int = 0  # learned absolute position rows
+    type_vocab: int = 0
+    relative_buckets: int = 0
+    parallel_attn: bool = False  # Falcon: attention and MLP side by side
+    falcon_norms: int = 0  # LayerNorms per Falcon block (1 or 2)
+    bias: bool = False  # every linear has a bias (GPT-2, BERT, Falcon with bias=True)
+    mlp_bias: bool = False  # Llama-style ``mlp_bias``
+    vision: Vision | None = None
+
+    @property
+    def is_moe(self) -> bool:
+        return any(self.moe_layers)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockKind:
+    """What tells one model's blocks apart in what they keep (hashable: a cache key).
+
+    ``sliding``: a sliding-window attention layer; ``moe``: the MLP routes to
+    experts; ``decoder_stack``: a block of an encoder-decoder's decoder (causal,
+    with cross-attention); ``first_in_stack``: the block that computes its
+    stack's relative position bias (T5) and hands it to the others.
+    """
+
+    sliding: bool = False
+    moe: bool = False
+    decoder_stack: bool = False
+    first_in_stack: bool = False
+
+
+def read_int(config: Any, *names: str, default: int | None = None) -> int:
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    if default is None:
+        raise ModelConfigError(
+            f"the config has none of {', '.join(names)} (a positive integer)",
+            field=f"model.config.{names[0]}",
+        )
+    return default
+
+
+def read_window(config: Any) -> int | None:
+    """``sliding_window``: null or a positive int (some config classes do not check it)."""
+    value = getattr(config, "sliding_window", None)
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        return value
+    raise ModelConfigError(
+        f"sliding_window must be a positive integer or null, got {value!r}",
+        field="model.config.sliding_window",
+    )
+
+
+def read_activation(config: Any, *names: str) -> str:
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, str):
+            kind = _ACTIVATIONS.get(value)
+            if kind is None:
+                raise ModelConfigError(
+                    f"activation {value!r} is not described by the memory model; "
+                    f"known: {', '.join(sorted(_ACTIVATIONS))}",
+                    field=f"model.config.{name}",
+                )
+            return kind
+    return "silu"

@@ -1,0 +1,101 @@
+"""Attention in the closed form: masks, RoPE tables and the kernel, shared by families.
+
+What transformers 5.24 runs on a GPU is what is written down: fused attention
+(sdpa without a mask, flash) keeps q, k, v, output and log-sum-exp; sdpa with a
+materialized mask (sliding windows shorter than the sequence, Falcon) keeps a
+float copy of the mask per layer and repeats GQA heads; eager keeps the fp32
+softmax, its cast to the dtype, and full-head copies of q, k, v.
+
+Pure arithmetic.
+"""
+
+from __future__ import annotations
+
+from ckpt_core._memory.arch import Arch
+from ckpt_core._memory.ledger import GLOBAL, Ledger, Step, dropout
+
+
+def mask_kind(arch: Arch, step: Step, sliding: bool, *, sdpa_always: bool = False) -> str | None:
+    """The attention mask transformers materializes for this layer, if any.
+
+    Eager always gets a float mask in the dtype.  sdpa gets a boolean mask
+    when a sliding window is shorter than the sequence (or always, with
+    ``sdpa_always``: Falcon); otherwise None and the kernel's causal flag.
+    Flash: never.  (Bidirectional models without padding get no mask at all
+    and do not ask.)
+    """
+    window = sliding and arch.sliding_window is not None and step.seq >= arch.sliding_window
+    suffix = "sliding" if window else "full"
+    if step.attention == "eager":  # a mask per layer type, whatever the length
+        return f"eager.{'sliding' if sliding else 'full'}"
+    if step.attention == "fused" and (window or sdpa_always):
+        return f"bool.{suffix}"
+    return None
+
+
+def mask_bytes(step: Step, mask: str) -> int:
+    """Eager's float mask exists per sample; sdpa's boolean one is a batch-expanded view."""
+    if mask.startswith("eager"):
+        return step.dtype_bytes * step.batch * step.seq * step.seq
+    return step.seq * step.seq
+
+
+def rope_tables(led: Ledger, arch: Arch, step: Step, sliding: bool) -> None:
+    """RoPE multiplies by cos and sin: both kept (shared by every layer)."""
+    elem_bytes, seq = 4 if arch.rope_fp32 else step.dtype_bytes, step.seq
+    rope = "local" if sliding and arch.model_type.startswith("gemma3") else "global"
+    led.keep(f"{GLOBAL}cos.{rope}", elem_bytes * seq * arch.head_dim)
+    led.keep(f"{GLOBAL}sin.{rope}", elem_bytes * seq * arch.head_dim)
+
+
+def attention_core(
+    led: Ledger,
+    arch: Arch,
+    step: Step,
+    qkv: tuple[str, str, str, int],
+    *,
+    mask: str | None,
+    softmax_fp32: bool = True,
+) -> str:
+    """The attention kernel on q, k, v storages; returns the output storage (o_proj's input).
+
+    ``qkv`` = (q name, k name, v storage name, v storage bytes); q and k are
+    storages of ``heads`` and ``kv_heads`` width.  ``mask``: the mask
+    transformers passes (`mask_kind`).  ``softmax_fp32``: eager upcasts the
+    scores to fp32 (Llama-style) rather than keeping them in the dtype
+    (GPT-2, BERT, Falcon).
+    """
+    q_name, k_name, v_name, v_bytes = qkv
+    elem_bytes, tokens, batch, seq = step.dtype_bytes, step.tokens, step.batch, step.seq
+    q, kv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
+    scores = batch * arch.heads * seq * seq
+    led.keep(q_name, elem_bytes * tokens * q)
+    if step.attention == "eager":
+        if 1 < arch.kv_heads < arch.heads or batch > 1:
+            # repeat_kv copies, or matmul's reshape of (batch, heads) copies the views
+            led.keep("attn.k_full", elem_bytes * tokens * q)
+            led.keep("attn.v_full", elem_bytes * tokens * q)
+        else:  # batch 1: matmul reshapes the views (one kv head: a stride-0 expand) as they are
+            led.keep(k_name, elem_bytes * tokens * kv)
+            led.keep(v_name, v_bytes)
+        if arch.attn_softcap:
+            led.keep("attn.tanh", elem_bytes * scores)
+        softmax_bytes = 4 if softmax_fp32 else elem_bytes
+        led.keep("attn.softmax", softmax_bytes * scores)
+        probs = "attn.softmax" if softmax_bytes == elem_bytes else "attn.probs"
+        probs = dropout(led, step, probs, tag="attn.dropout", p=arch.attn_dropout, elements=scores)
+        led.keep(probs, elem_bytes * scores)
+        led.keep("attn.o_in", elem_bytes * tokens * q)  # transpose(1, 2).contiguous() copies
+        return "attn.o_in"
+    if mask is not None and 1 < arch.kv_heads < arch.heads:
+        # a mask turns off sdpa's native GQA: repeat_kv copies (one kv head: a stride-0 view)
+        led.keep("attn.k_rep", elem_bytes * tokens * q)
+        led.keep("attn.v_rep", elem_bytes * tokens * q)
+    else:
+        led.keep(k_name, elem_bytes * tokens * kv)
+        led.keep(v_name, v_bytes)
+    if mask is not None:  # the kernel keeps a float copy of the boolean mask, per layer
+        led.keep("attn.bias", elem_bytes * batch * seq * seq)
+    led.keep("attn.lse", 4 * batch * arch.heads * seq)
+    led.keep("attn.o_in", elem_bytes * tokens * q)  # fused kernels write (b, s, h, d): no copy
+    return "attn.o_in"

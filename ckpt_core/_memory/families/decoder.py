@@ -1,0 +1,366 @@
+"""The decoder family: Llama, Mistral, Mixtral, Qwen2/3 (+ MoE), Phi-3, OLMo-2, Gemma 2/3.
+
+Everything the memory model knows about these models, in one place: how their
+configs read, where their parameters are, what each op of their forward keeps
+(RMS norms, rotary attention with GQA, sliding windows, sandwich norms, q/k
+norms, gated MLPs, top-k routed experts), and their FLOPs.  Gemma 3's vision
+tower adds weights only: text-only training never runs it.
+
+Pure arithmetic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from ckpt_core._errors import ModelConfigError
+from ckpt_core._memory.arch import (
+    Arch,
+    BlockKind,
+    Vision,
+    read_activation,
+    read_int,
+    read_window,
+)
+from ckpt_core._memory.attention import attention_core, mask_bytes, mask_kind, rope_tables
+from ckpt_core._memory.costs import (
+    BlockFlops,
+    attention_block_flops,
+    dense_mlp_flops,
+    lm_head_flops,
+)
+from ckpt_core._memory.family import Family, single_stack
+from ckpt_core._memory.ledger import (
+    GLOBAL,
+    BlockMode,
+    Ledger,
+    Step,
+    activation,
+    causal_loss,
+    linear,
+    norm,
+)
+from ckpt_core._memory.param_layout import Linear, ParamLayout, embedding_parameters
+
+# --- reading the config ---------------------------------------------------------------
+
+
+def _read_arch(config: Any, model_type: str) -> Arch:
+    """The text model's facts; Gemma 3 (vision + text) adds its vision tower's sizes."""
+    if model_type != "gemma3":
+        return _text_arch(config, model_type)
+    return replace(_text_arch(config.get_text_config(), model_type), vision=_vision(config))
+
+
+def _text_arch(config: Any, model_type: str) -> Arch:
+    hidden = read_int(config, "hidden_size")
+    heads = read_int(config, "num_attention_heads")
+    layers = read_int(config, "num_hidden_layers")
+    layer_types = tuple(getattr(config, "layer_types", None) or ())
+    gemma = model_type.startswith("gemma")
+    window = read_window(config)
+    # Layers list their attention type; Mistral / Phi-3 slide on every layer when a window is set.
+    if layer_types:
+        sliding = tuple(kind == "sliding_attention" for kind in layer_types)
+    else:
+        sliding = (window is not None,) * layers
+    experts = read_int(config, "num_local_experts", "num_experts", default=0)
+    moe_layers = _moe_layers(config, layers) if experts > 1 else (False,) * layers
+    norm = "rms_gemma" if gemma else "rms_olmo" if model_type == "olmo2" else "rms"
+    return Arch(
+        model_type=model_type,
+        family="decoder",
+        hidden=hidden,
+        layers=layers,
+        heads=heads,
+        kv_heads=read_int(config, "num_key_value_heads", default=heads),
+        head_dim=read_int(config, "head_dim", default=hidden // heads),
+        intermediate=read_int(config, "intermediate_size"),
+        vocab=read_int(config, "vocab_size"),
+        tied=bool(getattr(config, "tie_word_embeddings", False)),
+        act=read_activation(config, "hidden_activation", "hidden_act"),
+        glu=True,
+        fused_qkv=model_type == "phi3",
+        fused_gate_up=model_type == "phi3",
+        qkv_bias=model_type == "qwen2" or bool(getattr(config, "attention_bias", False)),
+        norm=norm,
+        qk_norm="head" if model_type in ("qwen3", "qwen3_moe", "gemma3_text", "gemma3") else "",
+        sandwich="gemma" if gemma else "olmo2" if model_type == "olmo2" else "",
+        rope_fp32=model_type == "olmo2",
+        attn_softcap=bool(getattr(config, "attn_logit_softcapping", None)),
+        final_softcap=bool(getattr(config, "final_logit_softcapping", None)),
+        sliding_window=window if any(sliding) else None,
+        sliding_layers=sliding,
+        moe_layers=moe_layers,
+        experts=experts if any(moe_layers) else 0,
+        top_k=read_int(config, "num_experts_per_tok", default=0) if any(moe_layers) else 0,
+        moe_intermediate=read_int(config, "moe_intermediate_size", "intermediate_size")
+        if any(moe_layers)
+        else 0,
+        router_in_dtype=model_type == "qwen3_moe",
+        attn_dropout=float(getattr(config, "attention_dropout", 0.0) or 0.0),
+        hidden_dropout=float(getattr(config, "resid_pdrop", 0.0) or 0.0),
+        embed_dropout=float(getattr(config, "embd_pdrop", 0.0) or 0.0),
+        mlp_bias=bool(getattr(config, "mlp_bias", False)),
+    )
+
+
+def _moe_layers(config: Any, layers: int) -> tuple[bool, ...]:
+    """Which layers route to experts: Qwen-MoE's sparse step and dense-only list."""
+    step = read_int(config, "decoder_sparse_step", default=1)
+    dense = set(getattr(config, "mlp_only_layers", None) or ())
+    return tuple(i not in dense and (i + 1) % step == 0 for i in range(layers))
+
+
+def _vision(config: Any) -> Vision:
+    vision = config.vision_config
+    if getattr(vision, "model_type", None) != "siglip_vision_model" or vision.vision_use_head:
+        raise ModelConfigError(
+            "only a SigLIP vision tower without pooling head is described (Gemma 3)",
+            field="model.config.vision_config",
+        )
+    patch = read_int(vision, "patch_size")
+    hidden = read_int(vision, "hidden_size")
+    text_hidden = read_int(config.get_text_config(), "hidden_size")
+    return Vision(
+        hidden=hidden,
+        layers=read_int(vision, "num_hidden_layers"),
+        intermediate=read_int(vision, "intermediate_size"),
+        patches=(read_int(vision, "image_size") // patch) ** 2,
+        patch_pixels=read_int(vision, "num_channels", default=3) * patch * patch,
+        projector=hidden * text_hidden + hidden,  # projection matrix + soft-embedding norm
+    )
+
+
+# --- parameters -------------------------------------------------------------------
+
+
+def _param_layout(arch: Arch) -> ParamLayout:
+    h, d, n = arch.hidden, arch.head_dim, arch.layers
+    q, kv = arch.heads * d, arch.kv_heads * d
+    dense = sum(1 for moe in arch.moe_layers if not moe)
+    attention = (
+        [Linear("self_attn.qkv_proj", h, q + 2 * kv, n)]
+        if arch.fused_qkv
+        else [
+            Linear("self_attn.q_proj", h, q, n, arch.qkv_bias),
+            Linear("self_attn.k_proj", h, kv, n, arch.qkv_bias),
+            Linear("self_attn.v_proj", h, kv, n, arch.qkv_bias),
+        ]
+    )
+    o_bias = arch.qkv_bias and arch.model_type != "qwen2"  # Qwen2: q/k/v biases only
+    attention.append(Linear("self_attn.o_proj", q, h, n, o_bias))
+    mlp_bias = arch.mlp_bias
+    inter = arch.intermediate
+    mlp = (
+        [Linear("mlp.gate_up_proj", h, 2 * inter, dense), Linear("mlp.down_proj", inter, h, dense)]
+        if arch.fused_gate_up
+        else [
+            Linear("mlp.gate_proj", h, inter, dense, mlp_bias),
+            Linear("mlp.up_proj", h, inter, dense, mlp_bias),
+            Linear("mlp.down_proj", inter, h, dense, mlp_bias),
+        ]
+    )
+    moe = n - dense
+    experts = moe * arch.experts * 3 * h * arch.moe_intermediate
+    router = moe * arch.experts * h
+    norms_per_block = {"gemma": 4, "olmo2": 2}.get(arch.sandwich, 2) * h
+    qk_norm = {"head": 2 * d, "full": q + kv}.get(
+        "full" if arch.model_type == "olmo2" else arch.qk_norm, 0
+    )
+    other = n * (norms_per_block + qk_norm) + router + h  # + final norm
+    linears = tuple(item for item in (*attention, *mlp) if item.count)
+    if arch.vision is not None:
+        other += _vision_parameters(arch.vision)
+    return ParamLayout(linears, experts, embedding_parameters(arch), other)
+
+
+def _vision_parameters(vision: Vision) -> int:
+    """A SigLIP vision tower without head, plus the projector into the text model."""
+    hv, inter = vision.hidden, vision.intermediate
+    block = 4 * (hv * hv + hv) + (hv * inter + inter) + (inter * hv + hv) + 4 * hv
+    embeddings = vision.patch_pixels * hv + hv + vision.patches * hv
+    return embeddings + vision.layers * block + 2 * hv + vision.projector
+
+
+# --- what the forward keeps -------------------------------------------------------
+
+
+def _block_kind(arch: Arch, stack: int, index: int) -> BlockKind:
+    """Sliding-window and MoE layers keep different storages from the others."""
+    sliding = bool(arch.sliding_layers) and arch.sliding_layers[index]
+    moe = bool(arch.moe_layers) and arch.moe_layers[index]
+    return BlockKind(sliding=sliding, moe=moe)
+
+
+def _embed(arch: Arch, step: Step) -> Ledger:
+    led = Ledger()
+    if step.trainable_weights:
+        led.keep(f"{GLOBAL}ids", 8 * step.tokens)  # the embedding keeps its indices
+    return led
+
+
+def _head(arch: Arch, step: Step) -> Ledger:
+    """Final norm, LM head, (softcapping), fp32 log-softmax of the loss, shifted labels."""
+    led = Ledger()
+    tokens, elem_bytes, vocab = step.tokens, step.dtype_bytes, arch.vocab
+    out = norm(led, step, "in", "final_norm", kind=arch.norm, rows=tokens, width=arch.hidden)
+    linear(led, step, out, arch.hidden, "lm_head")
+    if arch.final_softcap:
+        led.keep("softcap.tanh", elem_bytes * tokens * vocab)
+    causal_loss(led, tokens, vocab)
+    return led
+
+
+def _block(arch: Arch, step: Step, mode: BlockMode, kind: BlockKind) -> Ledger:
+    led = Ledger()
+    elem_bytes, tokens, h = step.dtype_bytes, step.tokens, arch.hidden
+    sliding, moe = kind.sliding, kind.moe
+    if mode == "full":
+        led.keep("in", elem_bytes * tokens * h)
+        _block_inputs(led, arch, step, sliding)
+        return led
+    olmo = arch.sandwich == "olmo2"
+    attn_in = "in" if olmo else norm(led, step, "in", "ln_in", kind=arch.norm, rows=tokens, width=h)
+    if mode == "selective":
+        led.keep(attn_in, elem_bytes * tokens * h)
+        _block_inputs(led, arch, step, sliding)
+    else:
+        _attention(led, arch, step, attn_in, sliding)
+    if arch.sandwich:
+        norm(led, step, "attn.out", "ln_post_attn", kind=arch.norm, rows=tokens, width=h)
+    if arch.sandwich == "gemma":
+        mlp_in = norm(led, step, "mid", "ln_pre_mlp", kind=arch.norm, rows=tokens, width=h)
+    elif olmo:
+        mlp_in = "mid"
+    else:
+        mlp_in = norm(led, step, "mid", "ln_post", kind=arch.norm, rows=tokens, width=h)
+    if moe:
+        _moe(led, arch, step, mlp_in)
+    else:
+        _glu_mlp(led, arch, step, mlp_in)
+    if arch.sandwich:
+        norm(led, step, "mlp.out", "ln_post_mlp", kind=arch.norm, rows=tokens, width=h)
+    return led
+
+
+def _block_inputs(led: Ledger, arch: Arch, step: Step, sliding: bool) -> None:
+    """Tensors a checkpointed block or attention keeps besides its hidden states."""
+    rope_tables(led, arch, step, sliding)
+    led.keep(f"{GLOBAL}position_ids", 8 * step.seq)
+    mask = mask_kind(arch, step, sliding)
+    if mask is not None:
+        led.keep(f"{GLOBAL}mask.{mask}", mask_bytes(step, mask))
+
+
+def _attention(led: Ledger, arch: Arch, step: Step, x: str, sliding: bool) -> None:
+    elem_bytes, tokens, h, d = step.dtype_bytes, step.tokens, arch.hidden, arch.head_dim
+    q, kv = arch.heads * d, arch.kv_heads * d
+    if arch.fused_qkv:
+        linear(led, step, x, h, "self_attn.qkv_proj")
+        q_raw = k_raw = v = "qkv"
+        v_bytes = elem_bytes * tokens * (q + 2 * kv)
+    else:
+        for name in ("q_proj", "k_proj", "v_proj"):
+            linear(led, step, x, h, f"self_attn.{name}")
+        q_raw, k_raw, v, v_bytes = "q_raw", "k_raw", "v", elem_bytes * tokens * kv
+    if arch.qk_norm == "head":
+        norm(led, step, q_raw, "q_norm", kind=arch.norm, rows=tokens * arch.heads, width=d)
+        norm(led, step, k_raw, "k_norm", kind=arch.norm, rows=tokens * arch.kv_heads, width=d)
+    elif arch.sandwich == "olmo2":  # OLMo-2 normalizes the whole projections
+        norm(led, step, q_raw, "q_norm", kind=arch.norm, rows=tokens, width=q)
+        norm(led, step, k_raw, "k_norm", kind=arch.norm, rows=tokens, width=kv)
+    rope_tables(led, arch, step, sliding)
+    mask = mask_kind(arch, step, sliding)
+    out = attention_core(led, arch, step, ("q_rope", "k_rope", v, v_bytes), mask=mask)
+    linear(led, step, out, q, "self_attn.o_proj")
+
+
+def _glu_mlp(led: Ledger, arch: Arch, step: Step, x: str) -> None:
+    """down(act(gate(x)) * up(x)); Phi-3 fuses gate and up into one projection."""
+    elem_bytes, tokens, h, inter = step.dtype_bytes, step.tokens, arch.hidden, arch.intermediate
+    elements = tokens * inter
+    if arch.fused_gate_up:
+        linear(led, step, x, h, "mlp.gate_up_proj")
+        led.keep("mlp.gate_up", 2 * elem_bytes * elements)  # gate and up are views of it
+        gate, up = "mlp.gate_up", "mlp.gate_up"
+    else:
+        linear(led, step, x, h, "mlp.gate_proj")
+        linear(led, step, x, h, "mlp.up_proj")
+        gate, up = "mlp.gate", "mlp.up"
+    act = activation(led, step, gate, tag="mlp.act", kind=arch.act, elements=elements)
+    led.keep(act, elem_bytes * elements)  # the product keeps both factors
+    led.keep(up, elem_bytes * elements)
+    linear(led, step, "mlp.product", inter, "mlp.down_proj")
+
+
+def _moe(led: Ledger, arch: Arch, step: Step, x: str) -> None:
+    """Router + transformers' grouped_mm experts over tokens x top_k rows."""
+    elem_bytes, tokens, h = step.dtype_bytes, step.tokens, arch.hidden
+    rows, inter, experts = tokens * arch.top_k, arch.moe_intermediate, arch.experts
+    trained = step.trainable_weights
+    if trained:
+        led.keep(x, elem_bytes * tokens * h)  # the router's weight gradient
+    led.keep("router.softmax", 4 * tokens * experts)
+    led.keep("router.top_index", 8 * rows)
+    led.keep("router.top_sum", 4 * tokens)
+    led.keep("router.top_value", 4 * rows)
+    for name in ("experts.perm", "experts.token_index", "experts.inverse_perm"):
+        led.keep(name, 8 * rows)
+    led.keep("experts.offsets", 4 * experts)
+    if trained:
+        led.keep("experts.selected", elem_bytes * rows * h)
+    led.keep("experts.gate_up", 2 * elem_bytes * rows * inter)
+    led.keep("experts.act", elem_bytes * rows * inter)
+    if trained:
+        led.keep("experts.product", elem_bytes * rows * inter)
+    led.keep("experts.down", elem_bytes * rows * h)
+    led.keep("experts.weights", (elem_bytes if arch.router_in_dtype else 4) * rows)
+
+
+# --- FLOPs ------------------------------------------------------------------------
+
+
+def _block_flops(arch: Arch, step: Step, kind: BlockKind) -> BlockFlops:
+    """Routed experts' multiply by the routing weights keeps their output; post-norms
+    (Gemma, OLMo-2) and dropout keep the MLP's."""
+    if kind.moe:
+        h = arch.hidden
+        mlp = 2 * step.tokens * (h * arch.experts + arch.top_k * 3 * h * arch.moe_intermediate)
+        kept_after = True
+    else:
+        mlp = dense_mlp_flops(arch, step)
+        kept_after = bool(arch.sandwich) or arch.hidden_dropout > 0
+    return attention_block_flops(
+        arch, step, mlp=mlp, attention_kept_after=False, mlp_kept_after=kept_after
+    )
+
+
+FAMILY = Family(
+    name="decoder",
+    model_types=(
+        "llama",
+        "mistral",
+        "mixtral",
+        "qwen2",
+        "qwen3",
+        "qwen3_moe",
+        "phi3",
+        "olmo2",
+        "gemma2",
+        "gemma3_text",
+        "gemma3",
+    ),
+    read_arch=_read_arch,
+    param_layout=_param_layout,
+    stacks=single_stack,
+    block_kind=_block_kind,
+    embed_ledger=_embed,
+    head_ledger=_head,
+    block_ledger=_block,
+    block_flops=_block_flops,
+    head_flops=lm_head_flops,
+    no_sdpa=frozenset({"gemma2"}),  # softcapping: transformers falls back to eager
+    no_flash=frozenset({"gemma3"}),
+)

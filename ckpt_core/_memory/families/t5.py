@@ -1,0 +1,273 @@
+"""T5: an encoder and a decoder stack, relative position bias, RMS norms, (gated) MLPs.
+
+Everything the memory model knows about T5, in one place.  The first block
+of each stack computes the relative position bias and hands it to the
+others; decoder blocks add cross-attention over the encoder's output.  The
+loss takes the logits in the dtype.  Pure arithmetic.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ckpt_core._memory.arch import Arch, BlockKind, read_activation, read_int
+from ckpt_core._memory.attention import mask_bytes
+from ckpt_core._memory.costs import (
+    BlockFlops,
+    core_flops,
+    dense_mlp_flops,
+    lm_head_flops,
+)
+from ckpt_core._memory.families.common import (
+    hidden_elements,
+)
+from ckpt_core._memory.family import Family
+from ckpt_core._memory.ledger import (
+    GLOBAL,
+    BlockMode,
+    Ledger,
+    Step,
+    activation,
+    dropout,
+    linear,
+    norm,
+)
+from ckpt_core._memory.param_layout import Linear, ParamLayout, embedding_parameters
+
+
+def _read_arch(config: Any, model_type: str) -> Arch:
+    hidden = read_int(config, "d_model")
+    heads = read_int(config, "num_heads")
+    gated = bool(getattr(config, "is_gated_act", False))
+    layers = read_int(config, "num_layers")
+    return Arch(
+        model_type=model_type,
+        family="t5",
+        hidden=hidden,
+        layers=read_int(config, "num_decoder_layers", default=layers),
+        encoder_layers=layers,
+        heads=heads,
+        kv_heads=heads,
+        head_dim=read_int(config, "d_kv"),
+        intermediate=read_int(config, "d_ff"),
+        vocab=read_int(config, "vocab_size"),
+        tied=bool(getattr(config, "tie_word_embeddings", True)),
+        act=read_activation(config, "dense_act_fn"),
+        glu=gated,
+        norm="t5",
+        attn_dropout=float(config.dropout_rate or 0.0),
+        hidden_dropout=float(config.dropout_rate or 0.0),
+        embed_dropout=float(config.dropout_rate or 0.0),
+        relative_buckets=read_int(config, "relative_attention_num_buckets"),
+    )
+
+
+def _param_layout(arch: Arch) -> ParamLayout:
+    h, inner, ff = arch.hidden, arch.heads * arch.head_dim, arch.intermediate
+    enc, dec = arch.encoder_layers, arch.layers
+    attention = [
+        Linear(f"{module}.{name}", h, inner, count)
+        if name != "o"
+        else Linear(f"{module}.o", inner, h, count)
+        for module, count in (("SelfAttention", enc + dec), ("EncDecAttention", dec))
+        for name in ("q", "k", "v", "o")
+    ]
+    feed = (
+        [
+            Linear("DenseReluDense.wi_0", h, ff, enc + dec),
+            Linear("DenseReluDense.wi_1", h, ff, enc + dec),
+        ]
+        if arch.glu
+        else [Linear("DenseReluDense.wi", h, ff, enc + dec)]
+    )
+    feed.append(Linear("DenseReluDense.wo", ff, h, enc + dec))
+    norms = (2 * enc + 3 * dec + 2) * h  # RMS norms, no bias; two final norms
+    relative = 2 * arch.relative_buckets * arch.heads  # first block of each stack
+    return ParamLayout((*attention, *feed), 0, embedding_parameters(arch), norms + relative)
+
+
+def _stacks(arch: Arch) -> tuple[int, ...]:
+    return (arch.encoder_layers, arch.layers)
+
+
+def _block_kind(arch: Arch, stack: int, index: int) -> BlockKind:
+    return BlockKind(decoder_stack=stack == 1, first_in_stack=index == 0)
+
+
+def _embed(arch: Arch, step: Step) -> Ledger:
+    """Both stacks' embeddings: ids, shifted decoder ids, dropout masks."""
+    led = Ledger()
+    n = hidden_elements(arch, step)
+    if step.trainable_weights:
+        led.keep(f"{GLOBAL}ids", 8 * step.tokens)
+        led.keep("decoder_ids", 8 * step.tokens)  # labels shifted right
+    for stack in ("encoder", "decoder"):
+        dropout(led, step, f"{stack}.embed", tag=f"{stack}.drop", p=arch.embed_dropout, elements=n)
+    # the encoder's final norm and dropout: its output feeds every cross-attention
+    out = norm(
+        led, step, "encoder.last", "encoder.ln_f", kind="t5", rows=step.tokens, width=arch.hidden
+    )
+    dropout(led, step, out, tag="encoder.out_drop", p=arch.hidden_dropout, elements=n)
+    return led
+
+
+def _head(arch: Arch, step: Step) -> Ledger:
+    led = Ledger()
+    elem_bytes, rows, h = step.dtype_bytes, step.tokens, arch.hidden
+    out = norm(led, step, "in", "decoder.ln_f", kind="t5", rows=rows, width=h)
+    dropout(led, step, out, tag="decoder.out_drop", p=arch.hidden_dropout, elements=rows * h)
+    linear(led, step, "scaled", h, "lm_head")  # tied head: the output times d_model ** -0.5
+    led.keep(
+        "loss.log_softmax", elem_bytes * rows * arch.vocab
+    )  # CrossEntropyLoss on the dtype logits
+    led.keep("loss.weight", 4)
+    return led
+
+
+def _block(arch: Arch, step: Step, mode: BlockMode, kind: BlockKind) -> Ledger:
+    """kind = 2 * stack + first: stack 0 encoder, 1 decoder; first computes the bias."""
+    led = Ledger()
+    decoder, first = kind.decoder_stack, kind.first_in_stack
+    elem_bytes, n, rows, h = step.dtype_bytes, hidden_elements(arch, step), step.tokens, arch.hidden
+    if mode == "full":
+        led.keep("in", elem_bytes * n)
+        _inputs(led, arch, step, decoder=decoder, first=first, cross=True)
+        return led
+    if mode == "selective":
+        led.keep("in", elem_bytes * n)
+        _inputs(led, arch, step, decoder=decoder, first=first, cross=False)
+    else:
+        # norm, attention and dropout: T5LayerSelfAttention, checkpointed as one
+        x = norm(led, step, "in", "sa.ln", kind="t5", rows=rows, width=h)
+        _attention(led, arch, step, x, "sa", decoder=decoder, first=first)
+        dropout(led, step, "sa.o", tag="sa.drop", p=arch.hidden_dropout, elements=n)
+    ff_in = "mid"
+    if decoder:
+        if mode == "selective":
+            led.keep("mid", elem_bytes * n)
+            led.keep(f"{GLOBAL}encoder_out", elem_bytes * n)
+            if not first:
+                led.keep(f"{GLOBAL}cross_bias", elem_bytes * arch.heads * step.seq * step.seq)
+        else:
+            x = norm(led, step, "mid", "ca.ln", kind="t5", rows=rows, width=h)
+            _attention(led, arch, step, x, "ca", decoder=True, first=False, cross=True)
+            dropout(led, step, "ca.o", tag="ca.drop", p=arch.hidden_dropout, elements=n)
+        ff_in = "mid2"
+    x = norm(led, step, ff_in, "ff.ln", kind="t5", rows=rows, width=h)
+    _feed_forward(led, arch, step, x)
+    dropout(led, step, "ff.o", tag="ff.drop", p=arch.hidden_dropout, elements=n)
+    return led
+
+
+def _inputs(
+    led: Ledger, arch: Arch, step: Step, *, decoder: bool, first: bool, cross: bool
+) -> None:
+    """A checkpointed T5 block (or self-attention) keeps the bias handed from block 0."""
+    bias = arch.heads * step.seq * step.seq * step.dtype_bytes
+    if decoder and step.attention == "eager":  # the causal mask, a float tensor
+        led.keep(f"{GLOBAL}mask.eager.full", mask_bytes(step, "eager.full"))
+    if not first:
+        led.keep(f"{GLOBAL}{'decoder' if decoder else 'encoder'}.position_bias", bias)
+    if decoder and cross:
+        led.keep(f"{GLOBAL}encoder_out", step.dtype_bytes * hidden_elements(arch, step))
+        if not first:
+            led.keep(f"{GLOBAL}cross_bias", bias)
+
+
+def _attention(
+    led: Ledger,
+    arch: Arch,
+    step: Step,
+    x: str,
+    tag: str,
+    *,
+    decoder: bool,
+    first: bool,
+    cross: bool = False,
+) -> None:
+    """Attention with T5's relative position bias (sdpa: a float mask; eager: an added bias)."""
+    elem_bytes, rows, h = step.dtype_bytes, step.tokens, arch.hidden
+    inner = arch.heads * arch.head_dim
+    module = "EncDecAttention" if cross else "SelfAttention"
+    linear(led, step, x, h, f"{module}.q")
+    kv_source = f"{GLOBAL}encoder_out" if cross else x
+    linear(led, step, kv_source, h, f"{module}.k")
+    linear(led, step, kv_source, h, f"{module}.v")
+    if first and not cross:  # the bucket indices of the relative-position embedding
+        led.keep(f"{tag}.buckets", 8 * step.seq * step.seq)
+    if step.attention == "eager":
+        _eager(led, arch, step, tag)
+        linear(led, step, f"{tag}.out", inner, f"{module}.o")
+        return
+    for name in ("q", "k", "v", "out"):
+        led.keep(f"{tag}.{name}", elem_bytes * rows * inner)
+    led.keep(f"{tag}.lse", 4 * step.batch * arch.heads * step.seq)
+    bias = elem_bytes * arch.heads * step.seq * step.seq
+    if cross:
+        led.keep(f"{GLOBAL}cross_bias", bias)  # zeros made in block 0, kept by all
+    else:
+        if decoder:  # causal: torch.where keeps its boolean condition
+            led.keep(f"{tag}.causal", step.seq * step.seq)
+        led.keep(f"{tag}.bias", bias)  # a contiguous copy of the bias, per layer
+    linear(led, step, f"{tag}.out", inner, f"{module}.o")
+
+
+def _eager(led: Ledger, arch: Arch, step: Step, tag: str) -> None:
+    """Eager T5: copies of q, k, v for matmul; softmax and dropout in the dtype."""
+    elem_bytes, rows = step.dtype_bytes, step.tokens
+    inner = arch.heads * arch.head_dim
+    scores = step.batch * arch.heads * step.seq * step.seq
+    for name in ("q_copy", "k_copy", "v_copy", "out"):
+        led.keep(f"{tag}.{name}", elem_bytes * rows * inner)
+    led.keep(f"{tag}.softmax", elem_bytes * scores)
+    probs = dropout(
+        led, step, f"{tag}.softmax", tag=f"{tag}.probs_drop", p=arch.attn_dropout, elements=scores
+    )
+    led.keep(probs, elem_bytes * scores)
+
+
+def _feed_forward(led: Ledger, arch: Arch, step: Step, x: str) -> None:
+    elem_bytes, elements = step.dtype_bytes, step.tokens * arch.intermediate
+    if arch.glu:
+        linear(led, step, x, arch.hidden, "DenseReluDense.wi_0")
+        act = activation(led, step, "ff.gate", tag="ff.act", kind=arch.act, elements=elements)
+        led.keep(act, elem_bytes * elements)
+        led.keep("ff.up", elem_bytes * elements)
+    else:
+        linear(led, step, x, arch.hidden, "DenseReluDense.wi")
+        activation(led, step, "ff.wi", tag="ff.act", kind=arch.act, elements=elements)
+    hidden = dropout(
+        led, step, "ff.act.out", tag="ff.inner_drop", p=arch.hidden_dropout, elements=elements
+    )
+    linear(led, step, hidden, arch.intermediate, "DenseReluDense.wo")
+
+
+def _block_flops(arch: Arch, step: Step, kind: BlockKind) -> BlockFlops:
+    """q, k, v, o per attention (the decoder adds cross-attention), then the MLP."""
+    t, h, q = step.tokens, arch.hidden, arch.heads * arch.head_dim
+    no_dropout = arch.hidden_dropout <= 0  # a dropout after the projection keeps a mask
+    count = 2 if kind.decoder_stack else 1
+    return BlockFlops(
+        count * 2 * t * 4 * h * q,
+        count * core_flops(arch, step),
+        dense_mlp_flops(arch, step),
+        attention_tail=count * 2 * t * q * h if no_dropout else 0,
+        block_tail=2 * t * arch.intermediate * h if no_dropout else 0,
+    )
+
+
+FAMILY = Family(
+    name="t5",
+    model_types=("t5",),
+    read_arch=_read_arch,
+    param_layout=_param_layout,
+    stacks=_stacks,
+    block_kind=_block_kind,
+    embed_ledger=_embed,
+    head_ledger=_head,
+    block_ledger=_block,
+    block_flops=_block_flops,
+    head_flops=lm_head_flops,
+    loss_in_fp32=False,
+    no_flash=frozenset({"t5"}),
+)

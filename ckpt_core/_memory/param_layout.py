@@ -1,0 +1,66 @@
+"""Exact parameter counts without building a model: the layout each family describes.
+
+A `ParamLayout` splits a model's parameters the way the memory model needs
+them: the linear layers inside the transformer blocks (what LoRA targets and
+bitsandbytes quantizes), MoE expert tensors (3-D parameters in transformers
+5.24: bitsandbytes leaves them unquantized), embeddings / LM head, and the
+rest (norms, biases, routers, position tables).  Each family builds its own
+(`Family.param_layout`); the total equals ``sum(p.numel() for p in
+model.parameters())`` of the meta-built model (tied weights once) - a test
+checks it for every bundled preset.  (`ckpt_core._configs.size_bounds` is the
+other counter: a rough bound from raw config keys, before anything is built.)
+
+Pure arithmetic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ckpt_core._memory.arch import Arch
+
+
+@dataclass(frozen=True, slots=True)
+class Linear:
+    """A group of identical linear layers: ``count`` copies of ``fan_in`` x ``fan_out``.
+
+    ``name`` is the module path inside a block (``"self_attn.q_proj"``); LoRA
+    targets match it by suffix, as PEFT's ``target_modules`` do.
+    """
+
+    name: str
+    fan_in: int
+    fan_out: int
+    count: int
+    bias: bool = False
+
+    @property
+    def weights(self) -> int:
+        return self.fan_in * self.fan_out * self.count
+
+    @property
+    def parameters(self) -> int:
+        return (self.fan_in * self.fan_out + (self.fan_out if self.bias else 0)) * self.count
+
+
+@dataclass(frozen=True, slots=True)
+class ParamLayout:
+    """Where a model's parameters are; all counts in parameters (not bytes)."""
+
+    linears: tuple[Linear, ...]  # inside the blocks: attention and MLP projections
+    experts: int  # MoE expert tensors
+    embeddings: int  # input embeddings, plus the LM head when it is not tied
+    other: int  # norms, biases of non-linear modules, routers, position tables, vision tower
+
+    @property
+    def linear_parameters(self) -> int:
+        return sum(linear.parameters for linear in self.linears)
+
+    @property
+    def total(self) -> int:
+        return self.linear_parameters + self.experts + self.embeddings + self.other
+
+
+def embedding_parameters(arch: Arch) -> int:
+    """Input embeddings plus an untied LM head."""
+    return arch.vocab * arch.hidden * (1 if arch.tied else 2)
