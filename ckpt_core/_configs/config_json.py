@@ -82,7 +82,7 @@ class ConfigLimits:
     max_positions: int = 1 << 24  # 16M tokens; Llama-4-Scout declares 10M
     max_parameters: int = 2_000_000_000_000
     # MoE layers x experts: bounds the modules a build creates where experts are
-    # separate modules (~1 s per 5k).  DeepSeek-V3: 14,848; Kimi-K2: 23,040.
+    # separate modules (build time grows with them).  DeepSeek-V3: 14,848; Kimi-K2: 23,040.
     max_expert_instances: int = 65_536
     max_config_bytes: int = 256 * 1024
     max_depth: int = 8
@@ -97,8 +97,8 @@ class ConfigLimits:
 def model_config_key(model: object, *, limits: ConfigLimits | None = None) -> str:
     """`load_model_config(model).key`, after only its cheap checks (steps 1 and 2).
 
-    Identifies a config without building the transformers config, 1-2 ms of
-    pure Python per config: the service keys its report cache with this in
+    Identifies a config without building the transformers config (pure
+    Python that holds the GIL for milliseconds): the service keys its report cache with this in
     the event loop's process, and leaves the rest of the checks to its worker
     (whose `load_model_config` runs them all before anything is built).
     Raises as `load_model_config` does for what these steps check.
@@ -142,7 +142,7 @@ def check_config_json(model: object, limits: ConfigLimits) -> CheckedConfig:
         config, preset, asked = value, None, None
     with blamed_on_preset(asked):
         canonical, encoded, model_type = _canonical_config(config, limits)
-    import hashlib  # loads OpenSSL (~10 ms): on the first validation, not with ckpt_core
+    import hashlib  # loads OpenSSL: on the first validation, not with ckpt_core
 
     return CheckedConfig(
         source, preset, asked, canonical, model_type, hashlib.sha256(encoded).hexdigest()

@@ -47,7 +47,7 @@ class PresetInfo:
 @functools.cache
 def _bundled() -> dict[str, dict[str, Any]]:
     """Every preset file parsed once: name -> file content (provenance included)."""
-    from importlib import resources  # ~10 ms to import (tempfile, zipfile): first use only
+    from importlib import resources  # slow to import (tempfile, zipfile): first use only
 
     folder = resources.files("ckpt_core").joinpath("presets")
     presets: dict[str, dict[str, Any]] = {}

@@ -13,7 +13,7 @@ the longest sequence, the largest micro-batch, LoRA, 4-bit QLoRA).  Without
 GPU memory it chooses full, the safe choice, and says why.
 
 Nothing here builds a model or imports torch: the config is parsed once per
-config key (cached) and the rest is arithmetic, well under 10 ms a call.
+config key (cached) and the rest is arithmetic.
 """
 
 from __future__ import annotations

@@ -53,11 +53,11 @@ def _recomputed(arch: Arch, step: Step, tier: ConcreteTier) -> int:
 
 
 def _widest_gradients(arch: Arch, step: Step) -> int:
-    e, tokens = step.dtype_bytes, step.tokens
+    elem_bytes, tokens = step.dtype_bytes, step.tokens
     inner = arch.intermediate * (2 if arch.glu else 1)
-    widest = e * tokens * inner
+    widest = elem_bytes * tokens * inner
     if arch.is_moe:
-        widest = max(widest, 2 * e * tokens * arch.top_k * arch.moe_intermediate)
+        widest = max(widest, 2 * elem_bytes * tokens * arch.top_k * arch.moe_intermediate)
     if step.attention == "eager":
-        widest = max(widest, (4 + e) * step.batch * arch.heads * step.seq * step.seq)
-    return widest + 2 * e * tokens * arch.hidden
+        widest = max(widest, (4 + elem_bytes) * step.batch * arch.heads * step.seq * step.seq)
+    return widest + 2 * elem_bytes * tokens * arch.hidden

@@ -86,9 +86,9 @@ def _previous(version: Version) -> Version:
 def installed_transformers_version() -> str | None:
     """The installed transformers version, read from metadata (no import of transformers).
 
-    Looked up once per process: the metadata scan costs ~0.6 ms, which was
-    most of a `make_plan` call, and a running process keeps the transformers
-    it imported.  ``importlib.metadata`` itself (~10 ms to import) loads here,
+    Looked up once per process: the metadata scan costs more than the rest of
+    a `make_plan` call, and a running process keeps the transformers it
+    imported.  ``importlib.metadata`` itself is slow to import: it loads here,
     on first use, not with ``import ckpt_core``.
     """
     from importlib import metadata
