@@ -17,6 +17,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from importlib.util import find_spec
@@ -60,6 +61,16 @@ _WORKLOAD_FLAGS: tuple[tuple[str, type], ...] = (
     ("optimizer", str),
     ("attention", str),
     ("headroom", float),
+)
+
+
+# Request field names that the CLI spells as flags.
+_API_NAMES: tuple[str, ...] = (
+    "tier",
+    "gpu",
+    "gpu_memory_gb",
+    "transformers_version",
+    *(name for name, _ in _WORKLOAD_FLAGS),
 )
 
 
@@ -113,7 +124,9 @@ def _command(commands: Any, name: str, help_text: str) -> argparse.ArgumentParse
 
 def _add_tier_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tier", required=True, help="off | full | medium | selective | auto")
-    parser.add_argument("--gpu", help="GPU model name, e.g. A100-80GB, H100, L4")
+    parser.add_argument(
+        "--gpu", help="GPU model name, e.g. A100-80GB, H100-80GB, L4 (see `ckpt detect`)"
+    )
     parser.add_argument("--gpu-memory-gb", type=float, help="GPU memory in GiB (not with --gpu)")
 
 
@@ -176,9 +189,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(EXIT_UNAVAILABLE, f"{exc}: `ckpt {args.command}` needs it installed")
     except NotImplementedError as exc:  # a dry-run measurement this build cannot do
         return _fail(EXIT_UNAVAILABLE, exc)
-    except (CkptError, ValueError) as exc:
+    except CkptError as exc:
+        return _fail(EXIT_BAD_INPUT, _in_flags(exc))
+    except ValueError as exc:
         return _fail(EXIT_BAD_INPUT, exc)
     return 0
+
+
+def _in_flags(exc: CkptError) -> str:
+    """The error as a CLI user reads it: ``--seq-len ...``, not ``workload.seq_len ...``."""
+    message = str(exc)
+    head, _, leaf = (exc.field or "").partition(".")
+    if head == "model":
+        return f"--model: {message}"  # a config key, named as the config names it
+    own = leaf.partition(".")[0] if head in ("workload", "measure") else head
+    if exc.field and exc.field != own:
+        message = message.replace(exc.field, own)
+    # The error's own field, and any other API name a message mentions in passing.
+    # Names with an underscore are field names wherever they appear; plain words
+    # (tier, gpu, weights) are also prose, so those errors get the flag in front.
+    for name in sorted((n for n in {own, *_API_NAMES} if "_" in n), key=len, reverse=True):
+        flag = "--" + name.replace("_", "-")
+        message = re.sub(rf"(?<![\w.-]){re.escape(name)}(?![\w])", flag, message)
+    flag = "--" + own.replace("_", "-")
+    named = re.search(rf"{re.escape(flag)}(?![\w-])", message)
+    return message if not own or named else f"{flag}: {message}"
 
 
 def _fail(status: int, exc: BaseException | str) -> int:

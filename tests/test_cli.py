@@ -119,11 +119,12 @@ def test_resolve_table_shows_kwargs_hooks_and_reason() -> None:
     [
         (["--tier", "fulll"], "fulll"),
         (["--tier", "0"], "unknown tier"),
-        (["--tier", "auto", "--gpu-memory-gb", "nan"], "gpu_memory_gb"),
-        (["--tier", "auto", "--gpu-memory-gb", "-8"], "gpu_memory_gb"),
+        (["--tier", "auto", "--gpu-memory-gb", "nan"], "--gpu-memory-gb"),
+        (["--tier", "auto", "--gpu-memory-gb", "-8"], "--gpu-memory-gb"),
         (["--tier", "auto", "--gpu-memory-gb", "eighty"], "--gpu-memory-gb"),
         (["--tier", "auto", "--gpu", "Z9000"], "Z9000"),
         (["--tier", "auto", "--gpu", "A100-80GB", "--gpu-memory-gb", "80"], "not both"),
+        (["--tier", "auto", "--gpu", "A100"], "A100-40GB or A100-80GB"),
         (["--tier", "full", "--transformers-version", "4.30.0"], "too old"),
         (["--tier", "full", "--transformers-version", "five"], "five"),
         (["--gpu", "L4"], "--tier"),
@@ -133,6 +134,28 @@ def test_resolve_table_shows_kwargs_hooks_and_reason() -> None:
 )
 def test_resolve_bad_input_exits_2_with_one_line(args: list[str], needle: str) -> None:
     assert_bad_input(ckpt("resolve", *args), needle)
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["--gpu-memory-gb", "-8"], "--gpu-memory-gb"),
+        (["--gpu", "L4", "--gpu-memory-gb", "8"], "--gpu"),
+        (["--gpu", "L4", "--model", "gpt2", "--seq-len", "0"], "--seq-len"),
+        (
+            ["--gpu", "L4", "--model", "gpt2", "--seq-len", "8", "--micro-batch-size", "0"],
+            "--micro",
+        ),
+        (["--gpu", "L4", "--model", "gpt2", "--seq-len", "8", "--lora-rank", "0"], "--lora-rank"),
+        (["--gpu", "L4", "--model", "gpt2", "--seq-len", "8", "--headroom", "2"], "--headroom"),
+    ],
+)
+def test_errors_name_flags_not_request_fields(args: list[str], flag: str) -> None:
+    result = ckpt("resolve", "--tier", "auto", *args)
+    assert_bad_input(result, flag)
+    assert "workload." not in result.stderr
+    for field in ("gpu_memory_gb", "seq_len", "micro_batch_size", "lora_rank"):
+        assert field not in result.stderr
 
 
 def test_unknown_command_exits_2() -> None:
@@ -207,8 +230,8 @@ def test_dry_run_table_shows_modules_and_measurement(tmp_path: Path) -> None:
     [
         (["--model", "no-such-preset", "--tier", "full"], "no-such-preset"),
         (["--model", "gpt2", "--tier", "fulll"], "fulll"),
-        (["--model", "gpt2", "--tier", "full", "--seq-len", "0"], "seq_len"),
-        (["--model", "gpt2", "--tier", "full", "--dtype", "fp8", "--seq-len", "8"], "dtype"),
+        (["--model", "gpt2", "--tier", "full", "--seq-len", "0"], "--seq-len"),
+        (["--model", "gpt2", "--tier", "full", "--dtype", "fp8", "--seq-len", "8"], "--dtype"),
         (["--tier", "full"], "--model"),
     ],
 )

@@ -85,3 +85,25 @@ def test_plan_carries_the_canonical_gpu_name() -> None:
     assert plan.gpu == "H100-80GB"
     assert plan.gpu_memory_gb == ckpt_core.lookup_gpu("H100-80GB").memory_gib
     assert "H100-80GB" in plan.reason
+
+
+@pytest.mark.parametrize(
+    ("name", "candidates"),
+    [
+        ("A100", ("A100-40GB", "A100-80GB")),
+        ("h100", ("H100-80GB", "H100-NVL")),
+        ("V100", ("V100-16GB", "V100-32GB")),
+    ],
+)
+def test_an_ambiguous_name_lists_the_candidates(name: str, candidates: tuple[str, ...]) -> None:
+    with pytest.raises(ckpt_core.UnknownGpuError) as caught:
+        ckpt_core.lookup_gpu(name)
+    assert "ambiguous" in str(caught.value)
+    assert all(candidate in str(caught.value) for candidate in candidates)
+    assert caught.value.field == "gpu"
+
+
+def test_a_unique_prefix_is_a_question_not_a_guess() -> None:
+    # NVIDIA's H20 is a 96 GB card of its own: answering H200's memory would be wrong.
+    with pytest.raises(ckpt_core.UnknownGpuError, match="did you mean H200"):
+        ckpt_core.lookup_gpu("H20")

@@ -132,13 +132,29 @@ def lookup_gpu(name: str) -> GpuSpec:
     """The `GpuSpec` for a GPU name such as ``"A100-80GB"`` or ``"NVIDIA H100 80GB HBM3"``."""
     if not isinstance(name, str) or not name.strip():
         raise UnknownGpuError(f"gpu must be a non-empty GPU name, got {name!r}", field="gpu")
-    spec = _BY_KEY.get(_key(name))
-    if spec is None:
-        known = ", ".join(spec.name for spec in GPUS)
+    key = _key(name)
+    spec = _BY_KEY.get(key)
+    if spec is not None:
+        return spec
+    # A name that starts several table names ("A100", "H100") says too little to choose.
+    candidates = sorted(
+        {spec.name for alias, spec in _BY_KEY.items() if key and alias.startswith(key)}
+    )
+    if len(candidates) > 1:
         raise UnknownGpuError(
-            f"unknown gpu {name!r}; known: {known}; or pass gpu_memory_gb (GiB)", field="gpu"
+            f"gpu {name!r} is ambiguous: {' or '.join(candidates)}; name one of them, or pass "
+            "gpu_memory_gb (GiB)",
+            field="gpu",
         )
-    return spec
+    if candidates:  # never a guess: "H20" is a GPU of its own, not an H200
+        raise UnknownGpuError(
+            f"unknown gpu {name!r}; did you mean {candidates[0]}? or pass gpu_memory_gb (GiB)",
+            field="gpu",
+        )
+    known = ", ".join(spec.name for spec in GPUS)
+    raise UnknownGpuError(
+        f"unknown gpu {name!r}; known: {known}; or pass gpu_memory_gb (GiB)", field="gpu"
+    )
 
 
 def gpu_memory_for(gpu_memory_gb: object, gpu: str | None) -> float | None:
