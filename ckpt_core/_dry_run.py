@@ -1,4 +1,4 @@
-"""Dry run on the meta device (DESIGN section 4): what a tier would checkpoint on a model.
+"""Dry run on the meta device (docs/design.md §4): what a tier would checkpoint on a model.
 
 Resolve the tier into a `Plan`, validate the model config, build the model on
 ``torch.device("meta")`` (no weights, no download), install the hooks of the

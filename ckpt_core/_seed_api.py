@@ -1,7 +1,7 @@
 """The seed module's public functions, same names and signatures, fixed answers.
 
 Workers already call these; they keep working.  Differences from the seed are
-the fixes of DESIGN section 7: strict tier parsing, validated GPU memory,
+the fixes of docs/design.md §7: strict tier parsing, validated GPU memory,
 kwargs that make the Trainer do exactly the tier, current field names.
 """
 

@@ -1,4 +1,4 @@
-"""`import ckpt_core` loads no torch, transformers, pydantic or FastAPI (DESIGN intro)."""
+"""`import ckpt_core` loads no torch, transformers, pydantic or FastAPI (docs/design.md)."""
 
 from __future__ import annotations
 

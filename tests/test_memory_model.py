@@ -134,7 +134,7 @@ def test_lora_matches_peft_on_meta(targets: list[str] | None) -> None:
 
 
 def test_llama2_7b_calibration_45_5_sbh_per_layer() -> None:
-    """DESIGN 4: Llama-2-7B, bf16, fused attention keeps ~45.5 x s x b x h bytes per layer."""
+    """docs/design.md §4: Llama-2-7B, bf16, fused attention keeps ~45.5 x s x b x h B a layer."""
     arch = model_facts({"preset": "llama-2-7b"}).arch
     fewer = dataclasses.replace(
         arch,

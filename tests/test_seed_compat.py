@@ -1,4 +1,4 @@
-"""The seed's public names keep their answers for every valid input (DESIGN 1, 7).
+"""The seed's public names keep their answers for every valid input (docs/design.md §1, 7).
 
 The oracle is a verbatim copy of the seed module: for valid inputs our
 `resolve_granularity` and `describe_tier` must answer exactly as it does, and

@@ -1,6 +1,6 @@
 """Find a model's repeated transformer blocks and the attention inside them.
 
-Checkpointing granularities are defined on these structures (DESIGN section 3):
+Checkpointing granularities are defined on these structures (docs/design.md §3):
 ``full`` = every block, ``medium`` = every other block, ``selective`` = the
 outermost attention module(s) of every block.  Getting them wrong is costly in
 both directions: wrapping an MoE expert or a T5 sub-layer makes "every other

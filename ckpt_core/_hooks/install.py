@@ -6,7 +6,7 @@ module-level function survives what trainers do to models:
 
 - ``copy.deepcopy`` rebinds the partial's ``module`` through deepcopy's memo, so
   a reference / EMA copy runs its OWN weights (a closure over the original bound
-  method would keep running the original's, DESIGN 7.7);
+  method would keep running the original's, docs/design.md §7.7);
 - ``pickle`` and ``torch.save(model)`` store it by qualified name.
 
 Module hooks stay outside the checkpointed region: ``nn.Module.__call__`` runs
@@ -19,7 +19,7 @@ Inside the region (training and grad enabled only):
 - every tensor argument, however deeply nested in args / kwargs, is passed to
   ``torch.utils.checkpoint.checkpoint`` POSITIONALLY: non-reentrant checkpoint
   saves accelerator RNG state only for devices of positional tensors, and HF
-  calls attention with keyword arguments only (DESIGN 7.9);
+  calls attention with keyword arguments only (docs/design.md §7.9);
 - KV caches (``transformers.Cache`` instances, recognised by type because the
   keyword is ``cache`` / ``past_key_values`` / ``past_key_value`` /
   ``layer_past`` depending on the version) are replaced by None and a truthy

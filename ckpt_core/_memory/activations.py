@@ -1,4 +1,4 @@
-"""Closed-form activation bytes per checkpointing tier (DESIGN section 5).
+"""Closed-form activation bytes per checkpointing tier (docs/design.md §5).
 
 Same definition as the meta measurement (`ckpt_core._meta.measure`): the
 unique storages autograd keeps at the end of one training forward with

@@ -1,4 +1,4 @@
-"""Model-aware advice: the per-tier estimate and the ``auto`` choice (DESIGN sections 1, 5).
+"""Model-aware advice: the per-tier estimate and the ``auto`` choice (docs/design.md §§1, 5).
 
 `estimate_tiers` turns a model (``{"preset": ...}``, ``{"config": {...}}`` or a
 `ModelConfig`) and a workload into the estimate every answer carries::

@@ -1,4 +1,4 @@
-"""Peak memory of one training step on one GPU, per tier (DESIGN section 5).
+"""Peak memory of one training step on one GPU, per tier (docs/design.md §5).
 
 ``peak = weights + gradients + optimizer states + activations(tier)
 + transient working set + allowance``, every term from the config and the

@@ -1,4 +1,4 @@
-"""The training workload a memory estimate is for (DESIGN section 5).
+"""The training workload a memory estimate is for (docs/design.md §5).
 
 Plain frozen dataclass with strict validation: unknown keys, wrong types and
 out-of-range values raise `InvalidWorkloadError` naming the field
