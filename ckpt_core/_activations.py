@@ -78,6 +78,15 @@ def block_bytes(
     return ledger.local_bytes(), tuple(ledger.globals().items())
 
 
+def head_bytes(arch: Arch, step: Step) -> int:
+    """What the embedding and head scopes keep (freed once the loss backward has run)."""
+    if arch.family == "decoder":
+        return _decoder_head(arch, step).local_bytes()
+    from ckpt_core._activations_classic import family_parts
+
+    return family_parts(arch, step)[2].local_bytes()
+
+
 def largest_block(arch: Arch, step: Step, mode: str) -> int:
     """The local bytes of the largest block in ``mode`` (for the backward working set)."""
     kinds = {kind for _, kind in _block_counts(arch, "off")}
@@ -168,7 +177,7 @@ def _decoder_block(arch: Arch, step: Step, mode: str, kind: int) -> Ledger:
     e, tokens, h = step.dtype_bytes, step.tokens, arch.hidden
     sliding, moe = bool(kind & 1), bool(kind & 2)
     if mode == "ckpt":
-        led.keep("in", e * tokens * h)
+        led.keep("in", step.residual_bytes * tokens * h)
         _block_inputs(led, arch, step, sliding)
         return led
     olmo = arch.sandwich == "olmo2"

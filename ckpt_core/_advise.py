@@ -24,6 +24,7 @@ from typing import Any, Final
 
 from ckpt_core._activations import TIERS
 from ckpt_core._arch import NO_FLASH, NO_SDPA, Arch, arch_of
+from ckpt_core._context import context_bytes
 from ckpt_core._errors import InvalidWorkloadError
 from ckpt_core._flops import recompute_ratio
 from ckpt_core._ledger import Step
@@ -33,16 +34,21 @@ from ckpt_core._memory import (
     GIB,
     StaticMemory,
     all_tiers,
+    recipe_for,
     static_memory,
     tier_memory,
 )
 from ckpt_core._params import ParamLayout, param_layout
+from ckpt_core._peak import Recipe
 from ckpt_core._workload import Workload
 
 # The attention kernel kinds of the activation model, by requested implementation.
 _KERNEL: Final[dict[str, str]] = {"sdpa": "fused", "flash_attention_2": "flash", "eager": "eager"}
 # Selective saving less than this share of the activations is worth saying.
 SMALL_SAVING: Final = 0.25
+# A peak within this fraction of the budget is `tight`: the estimate's error band on real
+# steps (bench/gpu_truth.py: worst process-memory error over the shared GPU rows).
+TIGHT_BAND: Final = 0.08
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,9 +107,15 @@ class Run:
     step: Step
     static: StaticMemory
     attention_note: str
+    recipe: Recipe
+    gpu: str | None = None  # GPU-table name: picks the measured CUDA context
+
+    @property
+    def context(self) -> tuple[int, str]:
+        return context_bytes(self.gpu)
 
 
-def prepare(facts: Facts, workload: Workload) -> Run:
+def prepare(facts: Facts, workload: Workload, gpu: str | None = None) -> Run:
     """Check the workload against the model and derive the activation step and static memory."""
     arch, layout = facts.arch, facts.layout
     _check_fits_model(arch, workload)
@@ -117,14 +129,26 @@ def prepare(facts: Facts, workload: Workload) -> Run:
     step = Step(
         batch=workload.micro_batch_size,
         seq=workload.seq_len,
-        dtype_bytes=DTYPE_BYTES[workload.dtype],
+        dtype_bytes=activation_dtype_bytes(workload),
         attention=kernel,
         trainable_weights=workload.method == "full",
         lora_rank=workload.lora_rank if workload.method != "full" else 0,
         adapted=targets.__contains__,  # empty for a full fine-tune
+        hidden_bytes=4 if workload.compute == "autocast" else 0,
     )
     static = static_memory(layout, workload, lora_parameters)
-    return Run(facts, workload, step, static, note)
+    return Run(facts, workload, step, static, note, recipe_for(layout, workload, static), gpu)
+
+
+def activation_dtype_bytes(workload: Workload) -> int:
+    """Bytes per activation element.
+
+    After PEFT's kbit preparation the embeddings, norms and LM head are fp32:
+    the embedding's output is fp32, Llama-style norms return ``weight *
+    x.to(input_dtype)`` (fp32), and bitsandbytes' linears cast back to their
+    input's dtype, so every hidden state of the step is fp32.
+    """
+    return 4 if workload.kbit_prepared else DTYPE_BYTES[workload.dtype]
 
 
 def _check_fits_model(arch: Arch, workload: Workload) -> None:
@@ -176,19 +200,40 @@ def _attention(arch: Arch, requested: str) -> tuple[str, str]:
 
 
 def estimate_tiers(run: Run, gpu_memory_gb: float | None) -> dict[str, Any]:
-    """The estimate dict: assumptions and, per tier, activations, peak, FLOPs ratio, fits."""
+    """The estimate dict: assumptions and, per tier, activations, both peaks, FLOPs, verdict."""
     budget = _budget(gpu_memory_gb, run.workload.headroom)
-    memory = all_tiers(run.facts.arch, run.step, run.static)
+    context, context_source = run.context
+    memory = all_tiers(run.facts.arch, run.step, run.static, run.recipe, context_bytes=context)
     tiers = {
         tier: {
             "activation_bytes": item.activation_bytes,
+            "allocated_bytes": item.allocated_bytes,
             "peak_bytes": item.peak_bytes,
             "recompute_flops_ratio": round(recompute_ratio(run.facts.arch, run.step, tier), 4),
-            "fits": None if budget is None else item.peak_bytes <= budget,
+            **verdict(item.peak_bytes, budget),
         }
         for tier, item in memory.items()
     }
-    return {"assumptions": _assumptions(run, gpu_memory_gb, budget, memory), "tiers": tiers}
+    assumptions = _assumptions(run, gpu_memory_gb, budget, memory)
+    assumptions["cuda_context_bytes"] = context
+    assumptions["cuda_context_source"] = context_source
+    assumptions["tight_band"] = TIGHT_BAND
+    return {"assumptions": assumptions, "tiers": tiers}
+
+
+def verdict(peak: int, budget: int | None) -> dict[str, Any]:
+    """``fits`` (peak <= budget), ``margin_bytes`` (budget - peak) and ``tight``.
+
+    ``tight``: the peak is within the estimate's error band (`TIGHT_BAND`) of
+    the budget, on either side: the job may or may not fit; ``verdict`` says
+    it in one word (``fits`` | ``tight`` | ``does_not_fit``).
+    """
+    if budget is None:
+        return {"fits": None, "margin_bytes": None, "tight": None, "verdict": None}
+    margin = budget - peak
+    tight = abs(margin) <= TIGHT_BAND * peak
+    word = "tight" if tight else "fits" if margin >= 0 else "does_not_fit"
+    return {"fits": margin >= 0, "margin_bytes": margin, "tight": tight, "verdict": word}
 
 
 def _budget(gpu_memory_gb: float | None, headroom: float) -> int | None:
@@ -241,6 +286,7 @@ def choose(run: Run, estimate: Mapping[str, Any], gpu_memory_gb: float | None) -
                 f"auto: {tier} is the cheapest tier that fits, estimated peak "
                 f"{_gib(tiers[tier]['peak_bytes'])} <= {where}"
             )
+            reason += tight_note(tiers[tier])
             return Choice(chosen, reason + selective_note(run, estimate, tier))
     reason = (
         f"auto: nothing fits - even full needs an estimated {_gib(tiers['full']['peak_bytes'])} "
@@ -302,8 +348,15 @@ def _cheaper_methods(workload: Workload) -> list[tuple[str, Workload]]:
 
 
 def _full_peak(run: Run, workload: Workload) -> int:
-    other = prepare(run.facts, workload)
-    return tier_memory(other.facts.arch, other.step, "full", other.static).peak_bytes
+    other = prepare(run.facts, workload, run.gpu)
+    return tier_memory(
+        other.facts.arch,
+        other.step,
+        "full",
+        other.static,
+        other.recipe,
+        context_bytes=other.context[0],
+    ).peak_bytes
 
 
 def _largest(make: Any, upper: int, run: Run, budget: int) -> int:
@@ -319,9 +372,17 @@ def _largest(make: Any, upper: int, run: Run, budget: int) -> int:
 
 
 def _first_fitting(run: Run, workload: Workload, budget: int) -> str | None:
-    other = prepare(run.facts, workload)
+    other = prepare(run.facts, workload, run.gpu)
     for tier in TIERS:
-        if tier_memory(other.facts.arch, other.step, tier, other.static).peak_bytes <= budget:
+        memory = tier_memory(
+            other.facts.arch,
+            other.step,
+            tier,
+            other.static,
+            other.recipe,
+            context_bytes=other.context[0],
+        )
+        if memory.peak_bytes <= budget:
             return tier
     return None
 
@@ -340,12 +401,19 @@ class Advice:
     estimate: dict[str, Any]
 
 
-def advise(tier: str, model: object, workload: object, gpu_memory_gb: float | None) -> Advice:
+def advise(
+    tier: str,
+    model: object,
+    workload: object,
+    gpu_memory_gb: float | None,
+    gpu: str | None = None,
+) -> Advice:
     """Estimate every tier for the model and workload; resolve ``auto`` by the estimate.
 
-    An explicit tier is kept as asked; the reason says whether it fits.
+    An explicit tier is kept as asked; the reason says whether it fits.  ``gpu``
+    (a GPU-table name) selects its measured CUDA context.
     """
-    run = prepare(model_facts(model), parse_workload(workload))
+    run = prepare(model_facts(model), parse_workload(workload), gpu)
     estimate = estimate_tiers(run, gpu_memory_gb)
     if tier == "auto":
         choice = choose(run, estimate, gpu_memory_gb)
@@ -370,4 +438,17 @@ def _fit_sentence(estimate: Mapping[str, Any], tier: str) -> str:
     if budget is None:
         return f"{peak} (no GPU memory given, fit not judged)"
     verdict = "fits" if row["fits"] else "does NOT fit"
-    return f"{peak} {verdict} the {_gib(budget)} usable"
+    return f"{peak} {verdict} the {_gib(budget)} usable{tight_note(row)}"
+
+
+def tight_note(row: Mapping[str, Any]) -> str:
+    """Say so when the peak is within the estimate's error band of the budget."""
+    if not row.get("tight"):
+        return ""
+    margin = row["margin_bytes"]
+    side = f"{_gib(margin)} to spare" if margin >= 0 else f"{_gib(-margin)} over"
+    return (
+        f" - TIGHT: {side}, within the estimate's {TIGHT_BAND:.0%} error band on real GPUs; "
+        "the job may run out of memory: a longer-recompute tier, a smaller micro-batch or more "
+        "headroom is safer"
+    )

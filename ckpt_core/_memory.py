@@ -38,16 +38,21 @@ from dataclasses import dataclass
 from typing import Final
 
 from ckpt_core._activations import TIERS, activation_bytes
+from ckpt_core._allocator import WORKSPACE_BYTES, reserved_bytes
 from ckpt_core._arch import Arch
+from ckpt_core._context import DEFAULT_CONTEXT_BYTES
 from ckpt_core._ledger import Step
 from ckpt_core._params import ParamLayout
+from ckpt_core._peak import Recipe, allocated_moments
 from ckpt_core._transient import transient_bytes
 from ckpt_core._workload import Workload
 
 GIB: Final = 1 << 30
-CONTEXT_BYTES: Final = GIB
-FRAGMENTATION: Final = 0.05
-NF4_BYTES_PER_WEIGHT: Final = 0.5 + 1 / 64 + 4 / (64 * 256)
+MIB: Final = 1 << 20
+# bitsandbytes nf4: 4 bits per weight + an absmax per 64-weight block: fp32 by default,
+# 8-bit with double quantization (plus an fp32 scale per 256 blocks).
+NF4_BYTES_PER_WEIGHT: Final = 0.5 + 4 / 64
+NF4_DOUBLE_QUANT_BYTES_PER_WEIGHT: Final = 0.5 + 1 / 64 + 4 / (64 * 256)
 ADAM8_BYTES_PER_STATE: Final = 1 + 4 / 256
 LORA_BYTES: Final = 4  # adapters in fp32
 
@@ -96,7 +101,8 @@ class TierMemory:
 
     activation_bytes: int
     transient_bytes: int
-    peak_bytes: int
+    allocated_bytes: int  # torch.cuda.max_memory_allocated() of the step
+    peak_bytes: int  # process memory: CUDA context + the caching allocator's reserved pool
 
 
 def static_memory(layout: ParamLayout, workload: Workload, lora_parameters: int) -> StaticMemory:
@@ -121,13 +127,16 @@ def _weight_bytes(layout: ParamLayout, workload: Workload) -> int:
     storage = workload.weight_storage
     if storage in DTYPE_BYTES:
         return layout.total * DTYPE_BYTES[storage]
-    compute = DTYPE_BYTES[workload.dtype]
+    # PEFT's prepare_model_for_kbit_training casts every non-quantized parameter to fp32.
+    kept_bytes = 4 if workload.kbit_prepared else DTYPE_BYTES[workload.dtype]
     quantized = sum(linear.weights for linear in layout.linears)
     rows = sum(linear.fan_out * linear.count for linear in layout.linears)
-    kept = layout.total - quantized  # biases, embeddings, norms, experts: compute dtype
+    kept = layout.total - quantized  # biases, embeddings, norms, experts
     if storage == "int8":
-        return quantized + 4 * rows + kept * compute
-    return int(quantized * NF4_BYTES_PER_WEIGHT) + kept * compute
+        return quantized + 4 * rows + kept * kept_bytes
+    double = workload.double_quant
+    per_weight = NF4_DOUBLE_QUANT_BYTES_PER_WEIGHT if double else NF4_BYTES_PER_WEIGHT
+    return int(quantized * per_weight) + kept * kept_bytes
 
 
 def _optimizer_bytes_per_parameter(optimizer: str, param_bytes: int) -> float:
@@ -138,15 +147,61 @@ def _optimizer_bytes_per_parameter(optimizer: str, param_bytes: int) -> float:
     return 0.0
 
 
-def tier_memory(arch: Arch, step: Step, tier: str, static: StaticMemory) -> TierMemory:
-    """Activations (closed form), transient, allowance and the peak for one tier."""
+def recipe_for(layout: ParamLayout, workload: Workload, static: StaticMemory) -> Recipe:
+    """The real-step facts `ckpt_core._peak` needs, from the workload's recipe fields."""
+    compute = DTYPE_BYTES[workload.dtype]
+    logits = 0
+    if workload.logits_held:
+        logits = 4 if workload.kbit_prepared else compute
+    trainable = static.trainable_parameters
+    grad_bytes = static.gradients // trainable if trainable else 0
+    layers = max(1, max((linear.count for linear in layout.linears), default=1))
+    head = layout.embeddings * grad_bytes if workload.method == "full" else 0
+    temporary = static.gradients if workload.optimizer == "adamw" else 0
+    widest = max((linear.fan_in * linear.fan_out for linear in layout.linears), default=0)
+    return Recipe(
+        logits_bytes=logits,
+        gradients=static.gradients,
+        head_gradients=head,
+        block_gradients=(static.gradients - head) // layers,
+        gradients_held=workload.gradients == "accumulate",
+        optimizer_temporary=temporary,
+        dequantized=widest * compute if workload.quantized else 0,
+    )
+
+
+def tier_memory(
+    arch: Arch,
+    step: Step,
+    tier: str,
+    static: StaticMemory,
+    recipe: Recipe | None = None,
+    *,
+    context_bytes: int = DEFAULT_CONTEXT_BYTES,
+) -> TierMemory:
+    """Activations (closed form), transient, the allocated peak and process memory for a tier.
+
+    Without a `Recipe`, gradients are held all step (the conservative old default).
+    """
     activations = activation_bytes(arch, step, tier)
     transient = transient_bytes(arch, step, tier)
-    allocated = static.total + activations + transient
-    peak = int(allocated * (1 + FRAGMENTATION)) + CONTEXT_BYTES
-    return TierMemory(activations, transient, peak)
+    recipe = recipe or Recipe(gradients=static.gradients, gradients_held=True)
+    moments = allocated_moments(arch, step, tier, static.weights + static.optimizer, recipe)
+    allocated = max(moments.values()) + WORKSPACE_BYTES
+    reserved = reserved_bytes(arch, step, tier, allocated)
+    return TierMemory(activations, transient, allocated, reserved + context_bytes)
 
 
-def all_tiers(arch: Arch, step: Step, static: StaticMemory) -> dict[str, TierMemory]:
+def all_tiers(
+    arch: Arch,
+    step: Step,
+    static: StaticMemory,
+    recipe: Recipe | None = None,
+    *,
+    context_bytes: int = DEFAULT_CONTEXT_BYTES,
+) -> dict[str, TierMemory]:
     """`tier_memory` for off, selective, medium and full."""
-    return {tier: tier_memory(arch, step, tier, static) for tier in TIERS}
+    return {
+        tier: tier_memory(arch, step, tier, static, recipe, context_bytes=context_bytes)
+        for tier in TIERS
+    }
