@@ -137,7 +137,7 @@ def prepare(facts: Facts, workload: Workload, gpu: str | None = None) -> Run:
         hidden_bytes=4 if workload.compute == "autocast" else 0,
     )
     static = static_memory(layout, workload, lora_parameters)
-    return Run(facts, workload, step, static, note, recipe_for(layout, workload, static), gpu)
+    return Run(facts, workload, step, static, note, recipe_for(layout, workload, static, step), gpu)
 
 
 def activation_dtype_bytes(workload: Workload) -> int:

@@ -38,17 +38,21 @@ from dataclasses import dataclass
 from typing import Final
 
 from ckpt_core._activations import TIERS, activation_bytes
-from ckpt_core._allocator import WORKSPACE_BYTES, reserved_bytes
+from ckpt_core._allocator import ROUND_LARGE
 from ckpt_core._arch import Arch
 from ckpt_core._context import DEFAULT_CONTEXT_BYTES
 from ckpt_core._ledger import Step
 from ckpt_core._params import ParamLayout
 from ckpt_core._peak import Recipe, allocated_moments
+from ckpt_core._step_trace import TraceRecipe, simulate
 from ckpt_core._transient import transient_bytes
 from ckpt_core._workload import Workload
 
 GIB: Final = 1 << 30
 MIB: Final = 1 << 20
+# Allocated outside the step's tensors, through the caching allocator: the smallest gap
+# between the measured and the replayed allocated peak over the shared GPU rows.
+WORKSPACE_BYTES: Final = 16 * MIB
 # bitsandbytes nf4: 4 bits per weight + an absmax per 64-weight block: fp32 by default,
 # 8-bit with double quantization (plus an fp32 scale per 256 blocks).
 NF4_BYTES_PER_WEIGHT: Final = 0.5 + 4 / 64
@@ -147,8 +151,8 @@ def _optimizer_bytes_per_parameter(optimizer: str, param_bytes: int) -> float:
     return 0.0
 
 
-def recipe_for(layout: ParamLayout, workload: Workload, static: StaticMemory) -> Recipe:
-    """The real-step facts `ckpt_core._peak` needs, from the workload's recipe fields."""
+def recipe_for(layout: ParamLayout, workload: Workload, static: StaticMemory, step: Step) -> Recipe:
+    """The real-step facts `ckpt_core._peak` and the replay need, from the recipe fields."""
     compute = DTYPE_BYTES[workload.dtype]
     logits = 0
     if workload.logits_held:
@@ -159,6 +163,27 @@ def recipe_for(layout: ParamLayout, workload: Workload, static: StaticMemory) ->
     head = layout.embeddings * grad_bytes if workload.method == "full" else 0
     temporary = static.gradients if workload.optimizer == "adamw" else 0
     widest = max((linear.fan_in * linear.fan_out for linear in layout.linears), default=0)
+    loaded = 4 if workload.weight_storage == "fp32" or workload.compute == "autocast" else compute
+    state_ratio = static.optimizer / static.gradients if static.gradients else 0.0
+    trace = TraceRecipe(
+        batch=step.batch,
+        seq=step.seq,
+        act=step.dtype_bytes,
+        compute=compute,
+        residual=step.residual_bytes,
+        attention=step.attention,
+        weights=loaded,
+        kept=4 if workload.kbit_prepared else loaded,
+        quantized=workload.quantized,
+        double_quant=workload.double_quant,
+        full=workload.method == "full",
+        lora_rank=step.lora_rank,
+        adapted=frozenset(linear.name for linear in layout.linears if step.adapted(linear.name)),
+        logits=logits,
+        state_bytes=state_ratio,
+        foreach_temp=workload.optimizer == "adamw",
+        accumulate=workload.gradients == "accumulate",
+    )
     return Recipe(
         logits_bytes=logits,
         gradients=static.gradients,
@@ -167,6 +192,7 @@ def recipe_for(layout: ParamLayout, workload: Workload, static: StaticMemory) ->
         gradients_held=workload.gradients == "accumulate",
         optimizer_temporary=temporary,
         dequantized=widest * compute if workload.quantized else 0,
+        trace=trace,
     )
 
 
@@ -187,9 +213,22 @@ def tier_memory(
     transient = transient_bytes(arch, step, tier)
     recipe = recipe or Recipe(gradients=static.gradients, gradients_held=True)
     moments = allocated_moments(arch, step, tier, static.weights + static.optimizer, recipe)
-    allocated = max(moments.values()) + WORKSPACE_BYTES
-    reserved = reserved_bytes(arch, step, tier, allocated)
+    allocated = max(moments.values())
+    if recipe.trace is None:
+        reserved = -(-allocated // ROUND_LARGE) * ROUND_LARGE
+    else:
+        simulated, reserved = simulate(arch, tier, recipe.trace)
+        if _replayed_exactly(arch):
+            allocated = simulated
+        reserved = allocated + reserved - simulated
+    allocated += WORKSPACE_BYTES
+    reserved += WORKSPACE_BYTES
     return TierMemory(activations, transient, allocated, reserved + context_bytes)
+
+
+def _replayed_exactly(arch: Arch) -> bool:
+    """The replay's block is the Llama-style dense decoder block (other families: its sizes)."""
+    return arch.family == "decoder" and not arch.is_moe and not arch.sandwich
 
 
 def all_tiers(

@@ -27,11 +27,15 @@ only the head's and one block's exist at a block's backward; with
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ckpt_core._activations import activation_bytes, head_bytes
 from ckpt_core._arch import Arch
 from ckpt_core._ledger import Step
 from ckpt_core._transient import _loss_backward, _recomputed, _widest_gradients
+
+if TYPE_CHECKING:
+    from ckpt_core._step_trace import TraceRecipe
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +58,7 @@ class Recipe:
     gradients_held: bool = False
     optimizer_temporary: int = 0
     dequantized: int = 0
+    trace: TraceRecipe | None = None  # the replay through the caching allocator
 
 
 def allocated_moments(
