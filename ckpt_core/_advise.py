@@ -40,15 +40,13 @@ from ckpt_core._memory import (
 )
 from ckpt_core._params import ParamLayout, param_layout
 from ckpt_core._peak import Recipe
+from ckpt_core._verdict import TIGHT_BANDS, tight_note, verdict
 from ckpt_core._workload import Workload
 
 # The attention kernel kinds of the activation model, by requested implementation.
 _KERNEL: Final[dict[str, str]] = {"sdpa": "fused", "flash_attention_2": "flash", "eager": "eager"}
 # Selective saving less than this share of the activations is worth saying.
 SMALL_SAVING: Final = 0.25
-# A peak within this fraction of the budget is `tight`: the estimate's error band on real
-# steps (bench/gpu_truth.py: worst process-memory error over the shared GPU rows).
-TIGHT_BAND: Final = 0.08
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,30 +208,15 @@ def estimate_tiers(run: Run, gpu_memory_gb: float | None) -> dict[str, Any]:
             "allocated_bytes": item.allocated_bytes,
             "peak_bytes": item.peak_bytes,
             "recompute_flops_ratio": round(recompute_ratio(run.facts.arch, run.step, tier), 4),
-            **verdict(item.peak_bytes, budget),
+            **verdict(item.peak_bytes, budget, TIGHT_BANDS[run.step.attention]),
         }
         for tier, item in memory.items()
     }
     assumptions = _assumptions(run, gpu_memory_gb, budget, memory)
     assumptions["cuda_context_bytes"] = context
     assumptions["cuda_context_source"] = context_source
-    assumptions["tight_band"] = TIGHT_BAND
+    assumptions["tight_band"] = TIGHT_BANDS[run.step.attention]
     return {"assumptions": assumptions, "tiers": tiers}
-
-
-def verdict(peak: int, budget: int | None) -> dict[str, Any]:
-    """``fits`` (peak <= budget), ``margin_bytes`` (budget - peak) and ``tight``.
-
-    ``tight``: the peak is within the estimate's error band (`TIGHT_BAND`) of
-    the budget, on either side: the job may or may not fit; ``verdict`` says
-    it in one word (``fits`` | ``tight`` | ``does_not_fit``).
-    """
-    if budget is None:
-        return {"fits": None, "margin_bytes": None, "tight": None, "verdict": None}
-    margin = budget - peak
-    tight = abs(margin) <= TIGHT_BAND * peak
-    word = "tight" if tight else "fits" if margin >= 0 else "does_not_fit"
-    return {"fits": margin >= 0, "margin_bytes": margin, "tight": tight, "verdict": word}
 
 
 def _budget(gpu_memory_gb: float | None, headroom: float) -> int | None:
@@ -286,7 +269,7 @@ def choose(run: Run, estimate: Mapping[str, Any], gpu_memory_gb: float | None) -
                 f"auto: {tier} is the cheapest tier that fits, estimated peak "
                 f"{_gib(tiers[tier]['peak_bytes'])} <= {where}"
             )
-            reason += tight_note(tiers[tier])
+            reason += tight_note(tiers[tier], estimate["assumptions"]["tight_band"])
             return Choice(chosen, reason + selective_note(run, estimate, tier))
     reason = (
         f"auto: nothing fits - even full needs an estimated {_gib(tiers['full']['peak_bytes'])} "
@@ -438,17 +421,5 @@ def _fit_sentence(estimate: Mapping[str, Any], tier: str) -> str:
     if budget is None:
         return f"{peak} (no GPU memory given, fit not judged)"
     verdict = "fits" if row["fits"] else "does NOT fit"
-    return f"{peak} {verdict} the {_gib(budget)} usable{tight_note(row)}"
-
-
-def tight_note(row: Mapping[str, Any]) -> str:
-    """Say so when the peak is within the estimate's error band of the budget."""
-    if not row.get("tight"):
-        return ""
-    margin = row["margin_bytes"]
-    side = f"{_gib(margin)} to spare" if margin >= 0 else f"{_gib(-margin)} over"
-    return (
-        f" - TIGHT: {side}, within the estimate's {TIGHT_BAND:.0%} error band on real GPUs; "
-        "the job may run out of memory: a longer-recompute tier, a smaller micro-batch or more "
-        "headroom is safer"
-    )
+    note = tight_note(row, estimate["assumptions"]["tight_band"])
+    return f"{peak} {verdict} the {_gib(budget)} usable{note}"

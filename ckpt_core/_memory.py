@@ -1,33 +1,27 @@
 """Peak memory of one training step on one GPU, per tier (DESIGN section 5).
 
-``peak = weights + gradients + optimizer states + activations(tier)
-+ transient working set + allowance``, every term from the config and the
-workload, never from a built model.  The assumptions are returned with the
-numbers (`ASSUMPTIONS`); the ones that matter most:
+Two peaks per tier, every term from the config and the workload, never from
+a built model.  The assumptions are returned with the numbers (`ASSUMPTIONS`):
 
-- Weights as stored: bf16 / fp16 2 B, fp32 4 B.  Quantized (bitsandbytes, as
-  transformers loads them): only ``nn.Linear`` layers inside the blocks;
-  embeddings, LM head, norms, routers and MoE expert tensors (3-D parameters,
-  which bitsandbytes leaves alone) stay in the compute dtype.  int8: 1 B per
-  weight + an fp32 scale per output row.  nf4: 0.5 B per weight + blocksize-64
-  absmax quantized to 8 bit with double quantization (1 B per 64 weights + an
-  fp32 per 256 blocks): 4.127 bits per weight.
-- Full fine-tune: gradients and optimizer states in the parameters' dtype
-  (torch's AdamW allocates ``zeros_like(param)``; the HF Trainer keeps no
-  separate fp32 master copy): AdamW 2 states, 8-bit AdamW 2 B + an fp32
-  absmax per 256 values per state, SGD none (momentum 0, torch's default).
-  For fp32 master weights with bf16 compute, say ``weights: fp32``.
-- LoRA / QLoRA: adapters (rank r on the target linears) in fp32 (PEFT's
-  ``autocast_adapter_dtype``), their gradients and optimizer states fp32; the
-  base is frozen.
-- Gradients are counted as fully allocated while all activations are held:
-  true with gradient accumulation, an upper bound without it.
-- Transient: the larger of the loss backward (two fp32 vocab x tokens
-  buffers) and one block's backward (its recomputed activations when
-  checkpointed, plus the gradient buffers of its widest op).
-- Allowance: 1 GiB for the CUDA context and library workspaces plus 5 % of
-  the allocated peak for allocator fragmentation (typical values, not
-  measured here: no GPU on this machine).
+- ``allocated_bytes`` (``torch.cuda.max_memory_allocated()`` of the step):
+  weights as stored, optimizer states, gradients, the activations of the tier
+  and the transient buffers of the step's competing moments
+  (`ckpt_core._peak`), replayed op by op for the decoder family
+  (`ckpt_core._step_trace`);
+- ``peak_bytes`` (process memory, what runs out): the CUDA context by GPU
+  (`ckpt_core._context`) plus what PyTorch's caching allocator reserves for
+  that sequence of allocations (`ckpt_core._allocator`).
+
+Weights: bf16 / fp16 2 B, fp32 4 B.  Quantized (bitsandbytes, as transformers
+loads them): only ``nn.Linear`` layers inside the blocks; embeddings, LM head,
+norms, routers and MoE expert tensors stay unquantized - in fp32 after PEFT's
+``prepare_model_for_kbit_training`` (the default ``kbit_preparation``), else
+in the compute dtype.  int8: 1 B per weight + an fp32 scale per output row.
+nf4: 0.5 B per weight + an fp32 absmax per 64-weight block (4.5 bits per
+weight); with ``double_quant`` the absmax is 8-bit plus an fp32 per 256 blocks
+(4.127 bits).  Full fine-tune: gradients and optimizer states in the
+parameters' dtype (fp32 with ``compute: autocast``).  LoRA / QLoRA: adapters,
+their gradients and states in fp32.
 
 Pure arithmetic.
 """
@@ -63,25 +57,33 @@ LORA_BYTES: Final = 4  # adapters in fp32
 DTYPE_BYTES: Final[dict[str, int]] = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 ASSUMPTIONS: Final[dict[str, str]] = {
-    "activations": "pure `dtype` compute (model loaded in that dtype, no autocast); the same "
-    "definition as the meta measurement: storages autograd keeps at the end of forward",
+    "activations": "compute in `dtype` (weights loaded in it, or fp32 weights with autocast: "
+    "`compute`); after PEFT's kbit preparation every hidden state is fp32 (fp32 embeddings and "
+    "norms, bitsandbytes returns its input's dtype); the same definition as the meta "
+    "measurement: storages autograd keeps at the end of forward",
     "attention": "sdpa / flash treated as fused kernels (q, k, v, output, log-sum-exp kept); "
     "eager keeps the s x s softmax",
-    "quantization": "bitsandbytes: block linears quantized; embeddings, LM head, norms, "
-    "routers and MoE expert tensors in the compute dtype; nf4 = 4.127 bits/weight "
-    "(blocksize 64, double quantization); int8 = 1 B/weight + fp32 row scales",
+    "quantization": "bitsandbytes: block linears quantized; nf4 = 0.5 B/weight + fp32 absmax "
+    "per 64 (double_quant: 8-bit absmax + fp32 per 256 blocks); int8 = 1 B/weight + fp32 row "
+    "scales; other parameters fp32 after PEFT's kbit preparation (kbit_preparation 'peft'), "
+    "else in the compute dtype",
     "full_fine_tune": "gradients and optimizer states in the parameters' dtype (torch AdamW "
-    "zeros_like); no separate fp32 master copy",
+    "zeros_like); fp32 master weights with compute 'autocast'",
     "lora": "adapters, their gradients and optimizer states in fp32 (PEFT autocast_adapter_dtype); "
     "lora_dropout 0; each adapter keeps an fp32 copy of its input and its rank-r output",
-    "optimizer": "adamw 2 states; adamw_8bit 2 B + fp32 absmax per 256 values per state; "
-    "sgd momentum 0 (no state)",
-    "gradients": "fully allocated while all activations are held (gradient accumulation); an "
-    "upper bound for a single micro-batch",
-    "transient": "max(loss backward: 2 fp32 vocab x tokens buffers, one block's backward: "
-    "recomputed activations + gradient buffers of its widest op)",
-    "allowance": "1 GiB CUDA context and workspaces + 5% fragmentation (typical, not measured "
-    "here)",
+    "optimizer": "adamw 2 states (torch's foreach step holds one more parameter-sized "
+    "temporary); adamw_8bit 2 B + fp32 absmax per 256 values per state; sgd momentum 0",
+    "gradients": "set_to_none: created during backward, freed by zero_grad(set_to_none=True); "
+    "accumulate: allocated all step",
+    "logits": "logits_held: the step's output (its logits) stays referenced until the step "
+    "ends, as `out = model(...); out.loss.backward()`",
+    "allocated": "max over the step's moments (loss backward, each block's recompute and "
+    "backward, optimizer step), replayed op by op for Llama-style decoders; 16 MiB of "
+    "library workspaces",
+    "process": "CUDA context (measured per GPU where known, else an allowance) + the caching "
+    "allocator's reserved pool, replayed with its rounding (512 B), pools (<= 1 MiB from 2 MiB "
+    "segments; 20 MiB segments below 10 MiB; else rounded to 2 MiB), best-fit splitting and "
+    "caching, over a warm-up and the measured step",
 }
 
 
