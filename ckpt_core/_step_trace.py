@@ -2,11 +2,12 @@
 
 `simulate` loads the model (bitsandbytes quantizes each block linear from a
 compute-dtype copy; PEFT's kbit preparation re-allocates every other
-parameter in fp32; adapters in fp32), then runs a warm-up step and the
-measured step: forward (checkpointed blocks keep their input only), the
-loss, backward (recompute, then each op's gradients), the optimizer step
-(AdamW's states appear in the first; torch's foreach AdamW holds one
-temporary per parameter for the denominator) and ``zero_grad(set_to_none)``.
+parameter in fp32; adapters in fp32), allocates the optimizer states of the
+warm-up step, then replays the measured step: forward (checkpointed blocks
+keep their input only), the loss, backward (recompute, then each op's
+gradients), the optimizer step (torch's foreach AdamW holds one temporary per
+parameter for the denominator); gradients are freed by
+``zero_grad(set_to_none=True)`` or kept (``accumulate``).
 Op by op, the buffers are those of transformers' Llama-style decoder block,
 the same forward `ckpt_core._activations` writes down (norms upcast to fp32,
 q / k / v / o and the MLP projections with their LoRA adapters, RoPE, eager
@@ -53,26 +54,27 @@ class TraceRecipe:
 
 @functools.lru_cache(maxsize=512)
 def simulate(arch: Arch, tier: str, recipe: TraceRecipe) -> tuple[int, int]:
-    """(peak allocated of the measured step, peak reserved over both steps), in bytes."""
+    """(peak allocated, peak reserved) of a step after a warm-up step, in bytes.
+
+    One step is replayed after the load, with the optimizer states the
+    warm-up step created already allocated: on the shared GPU rows this gives
+    the same peaks as replaying the warm-up step too (the allocator's cache is
+    in its steady state after one step).
+    """
     sim = Sim()
     trainable = _load(sim, arch, recipe)
     sim.accumulate = recipe.accumulate
     if recipe.accumulate:
         sim.param_grads = [sim.new(size) for size in trainable]
-    states: list[int] = []
-    for index in range(2):
-        if index == 1:
-            sim.allocator.peak_allocated = sim.allocator.allocated
-        _step(sim, arch, tier, recipe)
-        if not states and recipe.state_bytes:
-            states = [sim.new(int(size * recipe.state_bytes / 2)) for size in trainable]
-            states += [sim.new(int(size * recipe.state_bytes / 2)) for size in trainable]
-        if recipe.foreach_temp:
-            temps = [sim.new(size) for size in trainable]
-            sim.drop(*temps)
-        if not recipe.accumulate:
-            sim.drop(*sim.param_grads)
-            sim.param_grads = []
+    state = recipe.state_bytes / 2
+    for size in trainable:
+        if state:
+            sim.new(int(size * state))
+            sim.new(int(size * state))
+    sim.allocator.peak_allocated = sim.allocator.allocated
+    _step(sim, arch, tier, recipe)
+    if recipe.foreach_temp:
+        sim.drop(*[sim.new(size) for size in trainable])
     return sim.allocator.peak_allocated, sim.allocator.peak_reserved
 
 
