@@ -330,7 +330,7 @@ def _cheaper_methods(workload: Workload) -> list[tuple[str, Workload]]:
     return methods
 
 
-def _full_peak(run: Run, workload: Workload) -> int:
+def _full_peak(run: Run, workload: Workload, *, replay: bool = True) -> int:
     other = prepare(run.facts, workload, run.gpu)
     return tier_memory(
         other.facts.arch,
@@ -339,19 +339,30 @@ def _full_peak(run: Run, workload: Workload) -> int:
         other.static,
         other.recipe,
         context_bytes=other.context[0],
+        replay=replay,
     ).peak_bytes
 
 
 def _largest(make: Any, upper: int, run: Run, budget: int) -> int:
-    """The largest value in [1, upper] whose full-tier peak fits (peaks grow with it)."""
-    low, high = 0, upper
-    while low < high:
-        middle = (low + high + 1) // 2
-        if _full_peak(run, make(middle)) <= budget:
-            low = middle
-        else:
-            high = middle - 1
-    return low
+    """The largest value in [1, upper] whose full-tier peak fits (peaks grow with it).
+
+    Bracketed first without the allocator replay (cheap), then searched with it.
+    """
+
+    def search(low: int, high: int, replay: bool) -> int:
+        while low < high:
+            middle = (low + high + 1) // 2
+            if _full_peak(run, make(middle), replay=replay) <= budget:
+                low = middle
+            else:
+                high = middle - 1
+        return low
+
+    bound = search(0, upper, replay=False)
+    answer = search(0, bound, replay=True)
+    if answer == bound < upper and _full_peak(run, make(bound + 1)) <= budget:
+        answer = search(bound + 1, upper, replay=True)
+    return answer
 
 
 def _first_fitting(run: Run, workload: Workload, budget: int) -> str | None:

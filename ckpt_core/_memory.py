@@ -206,17 +206,20 @@ def tier_memory(
     recipe: Recipe | None = None,
     *,
     context_bytes: int = DEFAULT_CONTEXT_BYTES,
+    replay: bool = True,
 ) -> TierMemory:
     """Activations (closed form), transient, the allocated peak and process memory for a tier.
 
     Without a `Recipe`, gradients are held all step (the conservative old default).
+    ``replay=False`` skips the allocator replay: the peak is then the closed-form
+    allocated peak + context, a quick lower bound for searches.
     """
     activations = activation_bytes(arch, step, tier)
     transient = transient_bytes(arch, step, tier)
     recipe = recipe or Recipe(gradients=static.gradients, gradients_held=True)
     moments = allocated_moments(arch, step, tier, static.weights + static.optimizer, recipe)
     allocated = max(moments.values())
-    if recipe.trace is None:
+    if recipe.trace is None or not replay:
         reserved = -(-allocated // ROUND_LARGE) * ROUND_LARGE
     else:
         simulated, reserved = simulate(arch, tier, recipe.trace)
