@@ -49,7 +49,7 @@ class TraceRecipe:
     state_bytes: float  # optimizer state bytes (both states) per byte of trainable parameter
     foreach_temp: bool  # torch AdamW's foreach temporary
     accumulate: bool
-    eager_extra: bool = True  # CUDA eager backward's extra score-sized buffer (see _peak)
+    eager_extra: bool = True  # CUDA eager backward's extra fp32 score-sized buffer
 
 
 @functools.lru_cache(maxsize=512)
@@ -305,6 +305,8 @@ def _attention(sim: Sim, x: int, *, arch: Arch, recipe: TraceRecipe, mask: int) 
         sim.drop(raw)
         masked = sim.op([scaled, mask], act * scores, alias=True)
         sim.drop(scaled)
+        # The allocated peaks of the shared T4 rows' eager steps hold one more fp32
+        # score-sized buffer during the softmax backward than the op-by-op count.
         extra = [4 * scores] if recipe.eager_extra else []
         softmax = sim.op([masked], 4 * scores, save_out=True, backward_temps=extra)
         sim.drop(masked)
