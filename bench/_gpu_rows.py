@@ -66,7 +66,9 @@ def model_type(row: dict[str, Any]) -> str:
 
 
 def model_input(row: dict[str, Any]) -> dict[str, Any]:
-    """The ``{"config": ...}`` model input for the estimate."""
+    """The ``{"config": ...}`` model input: the full HF config when the row carries one."""
+    if row.get("hf_config"):
+        return {"config": row["hf_config"]}
     config = row["model_config"]
     return {
         "config": {

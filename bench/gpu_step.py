@@ -132,6 +132,7 @@ def build_row(
         },
         "measured": measured,
         "model_config": model_config_of(config, Path(args.model).stem),
+        "hf_config": config,  # what the estimate reads back (sliding windows, norms, ...)
     }
     estimate = estimate_row(row)
     row["predicted"] = {

@@ -79,3 +79,17 @@ def test_the_row_round_trips_through_gpu_truth(
     estimate = estimate_row(loaded)
     assert row["predicted"]["process_mib"] == estimate["peak_bytes"] / gpu_step.MIB
     assert row["model_config"]["num_kv_heads"] == config["num_key_value_heads"]
+
+
+def test_the_sweep_covers_every_tier_of_three_families_at_two_lengths(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    from bench import gpu_sweep
+
+    assert gpu_sweep.main(["--dry"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 * 2 * 4
+    for tier in ("off", "selective", "medium", "full"):
+        assert sum(f"--tier {tier} " in line for line in lines) == 6
+    families = {load_model_config({"preset": p}).config["model_type"] for p in gpu_sweep.PRESETS}
+    assert len(families) == 3
