@@ -114,7 +114,7 @@ def make_plan(
     else:
         from ckpt_core._memory.advise import advise  # the memory model: only when a model is given
 
-        advice = advise(parsed, model, workload, memory)
+        advice = advise(parsed, model, workload, memory, gpu_name)
         granularity, why = advice.granularity, advice.reason  # type: ignore[assignment]
         description, estimate = advice.description, advice.estimate
     settings = trainer_settings(granularity, version)

@@ -120,7 +120,16 @@ def test_estimate_shape_assumptions_and_json() -> None:
     estimate = result.estimate
     assert set(estimate) == {"assumptions", "tiers"}
     for row in estimate["tiers"].values():
-        assert set(row) == {"activation_bytes", "peak_bytes", "recompute_flops_ratio", "fits"}
+        assert set(row) == {
+            "activation_bytes",
+            "allocated_bytes",
+            "peak_bytes",
+            "recompute_flops_ratio",
+            "fits",
+            "margin_bytes",
+            "tight",
+            "verdict",
+        }
     assumptions = estimate["assumptions"]
     assert assumptions["workload"]["weights"] == "bf16"  # defaults applied
     assert assumptions["workload"]["micro_batch_size"] == 1

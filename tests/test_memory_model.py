@@ -147,13 +147,23 @@ def test_llama2_7b_calibration_45_5_sbh_per_layer() -> None:
     assert per_layer / (2 * 4096 * arch.hidden) == pytest.approx(45.5, abs=0.05)
 
 
-def test_weight_storage_orders_and_nf4_overhead() -> None:
+@pytest.mark.parametrize(
+    ("recipe", "kept_bytes", "nf4_bits"),
+    [
+        ({}, 4, 4.5),  # defaults: PEFT's kbit preparation (fp32), fp32 absmax per 64
+        ({"kbit_preparation": "none", "double_quant": True}, 2, 4.127),  # 8-bit absmax
+    ],
+)
+def test_weight_storage_orders_and_nf4_overhead(
+    recipe: dict, kept_bytes: int, nf4_bits: float
+) -> None:
     sizes = {
         weights: run_for(
             "llama-3.1-8b",
             seq_len=1024,
             method="qlora" if weights in ("int8", "nf4") else "lora",
             weights=weights,
+            **recipe,
         ).static
         for weights in ("fp32", "bf16", "int8", "nf4")
     }
@@ -164,10 +174,8 @@ def test_weight_storage_orders_and_nf4_overhead() -> None:
     layout = model_facts({"preset": "llama-3.1-8b"}).layout
     quantized = sum(linear.weights for linear in layout.linears)
     kept = layout.total - quantized
-    bits = (weights["nf4"] - 2 * kept) * 8 / quantized
-    assert bits == pytest.approx(
-        4.127, abs=0.001
-    )  # 4 bits + 8-bit absmax per 64 + fp32 per 256 blocks
+    bits = (weights["nf4"] - kept_bytes * kept) * 8 / quantized
+    assert bits == pytest.approx(nf4_bits, abs=0.001)
 
 
 def test_optimizer_states_by_optimizer_and_method() -> None:

@@ -49,6 +49,11 @@ def block_bytes(
     return ledger.local_bytes(), tuple(ledger.globals().items())
 
 
+def head_bytes(arch: Arch, step: Step) -> int:
+    """What the head scope keeps (freed once the loss backward has run)."""
+    return family_of(arch).head_ledger(arch, step).local_bytes()
+
+
 def largest_block(arch: Arch, step: Step, mode: BlockMode) -> int:
     """The local bytes of the largest block in ``mode`` (for the backward working set)."""
     kinds = {kind for (_, kind), _ in _block_counts(arch, "off")}

@@ -24,12 +24,14 @@ from typing import Any, Final
 
 from ckpt_core._errors import InvalidWorkloadError
 from ckpt_core._memory.arch import Arch
+from ckpt_core._memory.context import context_bytes
 from ckpt_core._memory.estimate import (
     ASSUMPTIONS,
     DTYPE_BYTES,
     GIB,
     StaticMemory,
     all_tiers,
+    recipe_for,
     static_memory,
     tier_memory,
 )
@@ -37,6 +39,8 @@ from ckpt_core._memory.families import NO_FLASH, NO_SDPA, arch_of, param_layout
 from ckpt_core._memory.flops import recompute_ratio
 from ckpt_core._memory.ledger import Step
 from ckpt_core._memory.param_layout import ParamLayout
+from ckpt_core._memory.peak import Recipe
+from ckpt_core._memory.verdict import TIGHT_BANDS, tight_note, verdict
 from ckpt_core._planning.tiers import CONCRETE_TIERS
 from ckpt_core._planning.workload import Workload
 
@@ -102,9 +106,15 @@ class Run:
     step: Step
     static: StaticMemory
     attention_note: str
+    recipe: Recipe
+    gpu: str | None = None  # GPU-table name: picks the measured CUDA context
+
+    @property
+    def context(self) -> tuple[int, str]:
+        return context_bytes(self.gpu)
 
 
-def prepare(facts: Facts, workload: Workload) -> Run:
+def prepare(facts: Facts, workload: Workload, gpu: str | None = None) -> Run:
     """Check the workload against the model and derive the activation step and static memory."""
     arch, layout = facts.arch, facts.layout
     _check_fits_model(arch, workload)
@@ -118,14 +128,26 @@ def prepare(facts: Facts, workload: Workload) -> Run:
     step = Step(
         batch=workload.micro_batch_size,
         seq=workload.seq_len,
-        dtype_bytes=DTYPE_BYTES[workload.dtype],
+        dtype_bytes=activation_dtype_bytes(workload),
         attention=kernel,
         trainable_weights=workload.method == "full",
         lora_rank=workload.lora_rank if workload.method != "full" else 0,
         adapted=targets.__contains__,  # empty for a full fine-tune
+        hidden_bytes=4 if workload.compute == "autocast" else 0,
     )
     static = static_memory(layout, workload, lora_parameters)
-    return Run(facts, workload, step, static, note)
+    return Run(facts, workload, step, static, note, recipe_for(layout, workload, static, step), gpu)
+
+
+def activation_dtype_bytes(workload: Workload) -> int:
+    """Bytes per activation element.
+
+    After PEFT's kbit preparation the embeddings, norms and LM head are fp32:
+    the embedding's output is fp32, Llama-style norms return ``weight *
+    x.to(input_dtype)`` (fp32), and bitsandbytes' linears cast back to their
+    input's dtype, so every hidden state of the step is fp32.
+    """
+    return 4 if workload.kbit_prepared else DTYPE_BYTES[workload.dtype]
 
 
 def _check_fits_model(arch: Arch, workload: Workload) -> None:
@@ -177,19 +199,25 @@ def _attention(arch: Arch, requested: str) -> tuple[str, str]:
 
 
 def estimate_tiers(run: Run, gpu_memory_gb: float | None) -> dict[str, Any]:
-    """The estimate dict: assumptions and, per tier, activations, peak, FLOPs ratio, fits."""
+    """The estimate dict: assumptions and, per tier, activations, both peaks, FLOPs, verdict."""
     budget = _budget(gpu_memory_gb, run.workload.headroom)
-    memory = all_tiers(run.facts.arch, run.step, run.static)
+    context, context_source = run.context
+    memory = all_tiers(run.facts.arch, run.step, run.static, run.recipe, context_bytes=context)
     tiers = {
         tier: {
             "activation_bytes": item.activation_bytes,
+            "allocated_bytes": item.allocated_bytes,
             "peak_bytes": item.peak_bytes,
             "recompute_flops_ratio": round(recompute_ratio(run.facts.arch, run.step, tier), 4),
-            "fits": None if budget is None else item.peak_bytes <= budget,
+            **verdict(item.peak_bytes, budget, TIGHT_BANDS[run.step.attention]),
         }
         for tier, item in memory.items()
     }
-    return {"assumptions": _assumptions(run, gpu_memory_gb, budget, memory), "tiers": tiers}
+    assumptions = _assumptions(run, gpu_memory_gb, budget, memory)
+    assumptions["cuda_context_bytes"] = context
+    assumptions["cuda_context_source"] = context_source
+    assumptions["tight_band"] = TIGHT_BANDS[run.step.attention]
+    return {"assumptions": assumptions, "tiers": tiers}
 
 
 def _budget(gpu_memory_gb: float | None, headroom: float) -> int | None:
@@ -242,6 +270,7 @@ def choose(run: Run, estimate: Mapping[str, Any], gpu_memory_gb: float | None) -
                 f"auto: {tier} is the cheapest tier that fits, estimated peak "
                 f"{_gib(tiers[tier]['peak_bytes'])} <= {where}"
             )
+            reason += tight_note(tiers[tier], estimate["assumptions"]["tight_band"])
             return Choice(chosen, reason + selective_note(run, estimate, tier))
     reason = (
         f"auto: nothing fits - even full needs an estimated {_gib(tiers['full']['peak_bytes'])} "
@@ -302,27 +331,53 @@ def _cheaper_methods(workload: Workload) -> list[tuple[str, Workload]]:
     return methods
 
 
-def _full_peak(run: Run, workload: Workload) -> int:
-    other = prepare(run.facts, workload)
-    return tier_memory(other.facts.arch, other.step, "full", other.static).peak_bytes
+def _full_peak(run: Run, workload: Workload, *, replay: bool = True) -> int:
+    other = prepare(run.facts, workload, run.gpu)
+    return tier_memory(
+        other.facts.arch,
+        other.step,
+        "full",
+        other.static,
+        other.recipe,
+        context_bytes=other.context[0],
+        replay=replay,
+    ).peak_bytes
 
 
 def _largest(make: Any, upper: int, run: Run, budget: int) -> int:
-    """The largest value in [1, upper] whose full-tier peak fits (peaks grow with it)."""
-    low, high = 0, upper
-    while low < high:
-        middle = (low + high + 1) // 2
-        if _full_peak(run, make(middle)) <= budget:
-            low = middle
-        else:
-            high = middle - 1
-    return low
+    """The largest value in [1, upper] whose full-tier peak fits (peaks grow with it).
+
+    Bracketed first without the allocator replay (cheap), then searched with it.
+    """
+
+    def search(low: int, high: int, replay: bool) -> int:
+        while low < high:
+            middle = (low + high + 1) // 2
+            if _full_peak(run, make(middle), replay=replay) <= budget:
+                low = middle
+            else:
+                high = middle - 1
+        return low
+
+    bound = search(0, upper, replay=False)
+    answer = search(0, bound, replay=True)
+    if answer == bound < upper and _full_peak(run, make(bound + 1)) <= budget:
+        answer = search(bound + 1, upper, replay=True)
+    return answer
 
 
 def _first_fitting(run: Run, workload: Workload, budget: int) -> str | None:
-    other = prepare(run.facts, workload)
+    other = prepare(run.facts, workload, run.gpu)
     for tier in CONCRETE_TIERS:
-        if tier_memory(other.facts.arch, other.step, tier, other.static).peak_bytes <= budget:
+        memory = tier_memory(
+            other.facts.arch,
+            other.step,
+            tier,
+            other.static,
+            other.recipe,
+            context_bytes=other.context[0],
+        )
+        if memory.peak_bytes <= budget:
             return tier
     return None
 
@@ -341,12 +396,19 @@ class Advice:
     estimate: dict[str, Any]
 
 
-def advise(tier: str, model: object, workload: object, gpu_memory_gb: float | None) -> Advice:
+def advise(
+    tier: str,
+    model: object,
+    workload: object,
+    gpu_memory_gb: float | None,
+    gpu: str | None = None,
+) -> Advice:
     """Estimate every tier for the model and workload; resolve ``auto`` by the estimate.
 
-    An explicit tier is kept as asked; the reason says whether it fits.
+    An explicit tier is kept as asked; the reason says whether it fits.  ``gpu``
+    (a GPU-table name) selects its measured CUDA context.
     """
-    run = prepare(model_facts(model), parse_workload(workload))
+    run = prepare(model_facts(model), parse_workload(workload), gpu)
     estimate = estimate_tiers(run, gpu_memory_gb)
     if tier == "auto":
         choice = choose(run, estimate, gpu_memory_gb)
@@ -371,4 +433,5 @@ def _fit_sentence(estimate: Mapping[str, Any], tier: str) -> str:
     if budget is None:
         return f"{peak} (no GPU memory given, fit not judged)"
     verdict = "fits" if row["fits"] else "does NOT fit"
-    return f"{peak} {verdict} the {_gib(budget)} usable"
+    note = tight_note(row, estimate["assumptions"]["tight_band"])
+    return f"{peak} {verdict} the {_gib(budget)} usable{note}"

@@ -1,33 +1,27 @@
 """Peak memory of one training step on one GPU, per tier (docs/design.md §5).
 
-``peak = weights + gradients + optimizer states + activations(tier)
-+ transient working set + allowance``, every term from the config and the
-workload, never from a built model.  The assumptions are returned with the
-numbers (`ASSUMPTIONS`); the ones that matter most:
+Two peaks per tier, every term from the config and the workload, never from
+a built model.  The assumptions are returned with the numbers (`ASSUMPTIONS`):
 
-- Weights as stored: bf16 / fp16 2 B, fp32 4 B.  Quantized (bitsandbytes, as
-  transformers loads them): only ``nn.Linear`` layers inside the blocks;
-  embeddings, LM head, norms, routers and MoE expert tensors (3-D parameters,
-  which bitsandbytes leaves alone) stay in the compute dtype.  int8: 1 B per
-  weight + an fp32 scale per output row.  nf4: 0.5 B per weight + blocksize-64
-  absmax quantized to 8 bit with double quantization (1 B per 64 weights + an
-  fp32 per 256 blocks): 4.127 bits per weight.
-- Full fine-tune: gradients and optimizer states in the parameters' dtype
-  (torch's AdamW allocates ``zeros_like(param)``; the HF Trainer keeps no
-  separate fp32 master copy): AdamW 2 states, 8-bit AdamW 2 B + an fp32
-  absmax per 256 values per state, SGD none (momentum 0, torch's default).
-  For fp32 master weights with bf16 compute, say ``weights: fp32``.
-- LoRA / QLoRA: adapters (rank r on the target linears) in fp32 (PEFT's
-  ``autocast_adapter_dtype``), their gradients and optimizer states fp32; the
-  base is frozen.
-- Gradients are counted as fully allocated while all activations are held:
-  true with gradient accumulation, an upper bound without it.
-- Transient: the larger of the loss backward (two fp32 vocab x tokens
-  buffers) and one block's backward (its recomputed activations when
-  checkpointed, plus the gradient buffers of its widest op).
-- Allowance: 1 GiB for the CUDA context and library workspaces plus 5 % of
-  the allocated peak for allocator fragmentation (typical values, not
-  measured here: no GPU on this machine).
+- ``allocated_bytes`` (``torch.cuda.max_memory_allocated()`` of the step):
+  weights as stored, optimizer states, gradients, the activations of the tier
+  and the transient buffers of the step's competing moments
+  (`ckpt_core._memory.peak`), replayed op by op for the decoder family
+  (`ckpt_core._memory.step_trace`);
+- ``peak_bytes`` (process memory, what runs out): the CUDA context by GPU
+  (`ckpt_core._memory.context`) plus what PyTorch's caching allocator reserves for
+  that sequence of allocations (`ckpt_core._memory.allocator`).
+
+Weights: bf16 / fp16 2 B, fp32 4 B.  Quantized (bitsandbytes, as transformers
+loads them): only ``nn.Linear`` layers inside the blocks; embeddings, LM head,
+norms, routers and MoE expert tensors stay unquantized - in fp32 after PEFT's
+``prepare_model_for_kbit_training`` (the default ``kbit_preparation``), else
+in the compute dtype.  int8: 1 B per weight + an fp32 scale per output row.
+nf4: 0.5 B per weight + an fp32 absmax per 64-weight block (4.5 bits per
+weight); with ``double_quant`` the absmax is 8-bit plus an fp32 per 256 blocks
+(4.127 bits).  Full fine-tune: gradients and optimizer states in the
+parameters' dtype (fp32 with ``compute: autocast``).  LoRA / QLoRA: adapters,
+their gradients and states in fp32.
 
 Pure arithmetic.
 """
@@ -38,42 +32,59 @@ from dataclasses import dataclass
 from typing import Final
 
 from ckpt_core._memory.activations import activation_bytes
+from ckpt_core._memory.allocator import ROUND_LARGE
 from ckpt_core._memory.arch import Arch
+from ckpt_core._memory.context import DEFAULT_CONTEXT_BYTES
 from ckpt_core._memory.ledger import Step
 from ckpt_core._memory.param_layout import ParamLayout
+from ckpt_core._memory.peak import Recipe, allocated_moments
+from ckpt_core._memory.step_trace import TraceRecipe, simulate
 from ckpt_core._memory.transient import transient_bytes
-from ckpt_core._planning.tiers import CONCRETE_TIERS, ConcreteTier
+from ckpt_core._planning.tiers import CONCRETE_TIERS
 from ckpt_core._planning.workload import Workload
 
 GIB: Final = 1 << 30
-CONTEXT_BYTES: Final = GIB
-FRAGMENTATION: Final = 0.05
-NF4_BYTES_PER_WEIGHT: Final = 0.5 + 1 / 64 + 4 / (64 * 256)
+MIB: Final = 1 << 20
+# Allocated outside the step's tensors, through the caching allocator: the smallest gap
+# between the measured and the replayed allocated peak over the shared GPU rows.
+WORKSPACE_BYTES: Final = 16 * MIB
+# bitsandbytes nf4: 4 bits per weight + an absmax per 64-weight block: fp32 by default,
+# 8-bit with double quantization (plus an fp32 scale per 256 blocks).
+NF4_BYTES_PER_WEIGHT: Final = 0.5 + 4 / 64
+NF4_DOUBLE_QUANT_BYTES_PER_WEIGHT: Final = 0.5 + 1 / 64 + 4 / (64 * 256)
 ADAM8_BYTES_PER_STATE: Final = 1 + 4 / 256
 LORA_BYTES: Final = 4  # adapters in fp32
 
 DTYPE_BYTES: Final[dict[str, int]] = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 ASSUMPTIONS: Final[dict[str, str]] = {
-    "activations": "pure `dtype` compute (model loaded in that dtype, no autocast); the same "
-    "definition as the meta measurement: storages autograd keeps at the end of forward",
+    "activations": "compute in `dtype` (weights loaded in it, or fp32 weights with autocast: "
+    "`compute`); after PEFT's kbit preparation every hidden state is fp32 (fp32 embeddings and "
+    "norms, bitsandbytes returns its input's dtype); the same definition as the meta "
+    "measurement: storages autograd keeps at the end of forward",
     "attention": "sdpa / flash treated as fused kernels (q, k, v, output, log-sum-exp kept); "
     "eager keeps the s x s softmax",
-    "quantization": "bitsandbytes: block linears quantized; embeddings, LM head, norms, "
-    "routers and MoE expert tensors in the compute dtype; nf4 = 4.127 bits/weight "
-    "(blocksize 64, double quantization); int8 = 1 B/weight + fp32 row scales",
+    "quantization": "bitsandbytes: block linears quantized; nf4 = 0.5 B/weight + fp32 absmax "
+    "per 64 (double_quant: 8-bit absmax + fp32 per 256 blocks); int8 = 1 B/weight + fp32 row "
+    "scales; other parameters fp32 after PEFT's kbit preparation (kbit_preparation 'peft'), "
+    "else in the compute dtype",
     "full_fine_tune": "gradients and optimizer states in the parameters' dtype (torch AdamW "
-    "zeros_like); no separate fp32 master copy",
+    "zeros_like); fp32 master weights with compute 'autocast'",
     "lora": "adapters, their gradients and optimizer states in fp32 (PEFT autocast_adapter_dtype); "
     "lora_dropout 0; each adapter keeps an fp32 copy of its input and its rank-r output",
-    "optimizer": "adamw 2 states; adamw_8bit 2 B + fp32 absmax per 256 values per state; "
-    "sgd momentum 0 (no state)",
-    "gradients": "fully allocated while all activations are held (gradient accumulation); an "
-    "upper bound for a single micro-batch",
-    "transient": "max(loss backward: 2 fp32 vocab x tokens buffers, one block's backward: "
-    "recomputed activations + gradient buffers of its widest op)",
-    "allowance": "1 GiB CUDA context and workspaces + 5% fragmentation (typical, not measured "
-    "here)",
+    "optimizer": "adamw 2 states (torch's foreach step holds one more parameter-sized "
+    "temporary); adamw_8bit 2 B + fp32 absmax per 256 values per state; sgd momentum 0",
+    "gradients": "set_to_none: created during backward, freed by zero_grad(set_to_none=True); "
+    "accumulate: allocated all step",
+    "logits": "logits_held: the step's output (its logits) stays referenced until the step "
+    "ends, as `out = model(...); out.loss.backward()`",
+    "allocated": "max over the step's moments (loss backward, each block's recompute and "
+    "backward, optimizer step), replayed op by op for Llama-style decoders; 16 MiB of "
+    "library workspaces",
+    "process": "CUDA context (measured per GPU where known, else an allowance) + the caching "
+    "allocator's reserved pool, replayed with its rounding (512 B), pools (<= 1 MiB from 2 MiB "
+    "segments; 20 MiB segments below 10 MiB; else rounded to 2 MiB), best-fit splitting and "
+    "caching, over a warm-up and the measured step",
 }
 
 
@@ -97,7 +108,8 @@ class TierMemory:
 
     activation_bytes: int
     transient_bytes: int
-    peak_bytes: int
+    allocated_bytes: int  # torch.cuda.max_memory_allocated() of the step
+    peak_bytes: int  # process memory: CUDA context + the caching allocator's reserved pool
 
 
 def static_memory(layout: ParamLayout, workload: Workload, lora_parameters: int) -> StaticMemory:
@@ -122,13 +134,16 @@ def _weight_bytes(layout: ParamLayout, workload: Workload) -> int:
     storage = workload.weight_storage
     if storage in DTYPE_BYTES:
         return layout.total * DTYPE_BYTES[storage]
-    compute = DTYPE_BYTES[workload.dtype]
+    # PEFT's prepare_model_for_kbit_training casts every non-quantized parameter to fp32.
+    kept_bytes = 4 if workload.kbit_prepared else DTYPE_BYTES[workload.dtype]
     quantized = sum(linear.weights for linear in layout.linears)
     rows = sum(linear.fan_out * linear.count for linear in layout.linears)
-    kept = layout.total - quantized  # biases, embeddings, norms, experts: compute dtype
+    kept = layout.total - quantized  # biases, embeddings, norms, experts
     if storage == "int8":
-        return quantized + 4 * rows + kept * compute
-    return int(quantized * NF4_BYTES_PER_WEIGHT) + kept * compute
+        return quantized + 4 * rows + kept * kept_bytes
+    double = workload.double_quant
+    per_weight = NF4_DOUBLE_QUANT_BYTES_PER_WEIGHT if double else NF4_BYTES_PER_WEIGHT
+    return int(quantized * per_weight) + kept * kept_bytes
 
 
 def _optimizer_bytes_per_parameter(optimizer: str, param_bytes: int) -> float:
@@ -139,15 +154,99 @@ def _optimizer_bytes_per_parameter(optimizer: str, param_bytes: int) -> float:
     return 0.0
 
 
-def tier_memory(arch: Arch, step: Step, tier: ConcreteTier, static: StaticMemory) -> TierMemory:
-    """Activations (closed form), transient, allowance and the peak for one tier."""
+def recipe_for(layout: ParamLayout, workload: Workload, static: StaticMemory, step: Step) -> Recipe:
+    """The real-step facts `ckpt_core._memory.peak` and the replay need, from the recipe fields."""
+    compute = DTYPE_BYTES[workload.dtype]
+    logits = 0
+    if workload.logits_held:
+        logits = 4 if workload.kbit_prepared else compute
+    trainable = static.trainable_parameters
+    grad_bytes = static.gradients // trainable if trainable else 0
+    layers = max(1, max((linear.count for linear in layout.linears), default=1))
+    head = layout.embeddings * grad_bytes if workload.method == "full" else 0
+    temporary = static.gradients if workload.optimizer == "adamw" else 0
+    widest = max((linear.fan_in * linear.fan_out for linear in layout.linears), default=0)
+    loaded = 4 if workload.weight_storage == "fp32" or workload.compute == "autocast" else compute
+    state_ratio = static.optimizer / static.gradients if static.gradients else 0.0
+    trace = TraceRecipe(
+        batch=step.batch,
+        seq=step.seq,
+        act=step.dtype_bytes,
+        compute=compute,
+        residual=step.residual_bytes,
+        attention=step.attention,
+        weights=loaded,
+        kept=4 if workload.kbit_prepared else loaded,
+        quantized=workload.quantized,
+        double_quant=workload.double_quant,
+        full=workload.method == "full",
+        lora_rank=step.lora_rank,
+        adapted=frozenset(linear.name for linear in layout.linears if step.adapted(linear.name)),
+        logits=logits,
+        state_bytes=state_ratio,
+        foreach_temp=workload.optimizer == "adamw",
+        accumulate=workload.gradients == "accumulate",
+    )
+    return Recipe(
+        logits_bytes=logits,
+        gradients=static.gradients,
+        head_gradients=head,
+        block_gradients=(static.gradients - head) // layers,
+        gradients_held=workload.gradients == "accumulate",
+        optimizer_temporary=temporary,
+        dequantized=widest * compute if workload.quantized else 0,
+        trace=trace,
+    )
+
+
+def tier_memory(
+    arch: Arch,
+    step: Step,
+    tier: str,
+    static: StaticMemory,
+    recipe: Recipe | None = None,
+    *,
+    context_bytes: int = DEFAULT_CONTEXT_BYTES,
+    replay: bool = True,
+) -> TierMemory:
+    """Activations (closed form), transient, the allocated peak and process memory for a tier.
+
+    Without a `Recipe`, gradients are held all step (the conservative old default).
+    ``replay=False`` skips the allocator replay: the peak is then the closed-form
+    allocated peak + context, a quick lower bound for searches.
+    """
     activations = activation_bytes(arch, step, tier)
     transient = transient_bytes(arch, step, tier)
-    allocated = static.total + activations + transient
-    peak = int(allocated * (1 + FRAGMENTATION)) + CONTEXT_BYTES
-    return TierMemory(activations, transient, peak)
+    recipe = recipe or Recipe(gradients=static.gradients, gradients_held=True)
+    moments = allocated_moments(arch, step, tier, static.weights + static.optimizer, recipe)
+    allocated = max(moments.values())
+    if recipe.trace is None or not replay:
+        reserved = -(-allocated // ROUND_LARGE) * ROUND_LARGE
+    else:
+        simulated, reserved = simulate(arch, tier, recipe.trace)
+        if _replayed_exactly(arch):
+            allocated = simulated
+        reserved = allocated + reserved - simulated
+    allocated += WORKSPACE_BYTES
+    reserved += WORKSPACE_BYTES
+    return TierMemory(activations, transient, allocated, reserved + context_bytes)
 
 
-def all_tiers(arch: Arch, step: Step, static: StaticMemory) -> dict[str, TierMemory]:
+def _replayed_exactly(arch: Arch) -> bool:
+    """The replay's block is the Llama-style dense decoder block (other families: its sizes)."""
+    return arch.family == "decoder" and not arch.is_moe and not arch.sandwich
+
+
+def all_tiers(
+    arch: Arch,
+    step: Step,
+    static: StaticMemory,
+    recipe: Recipe | None = None,
+    *,
+    context_bytes: int = DEFAULT_CONTEXT_BYTES,
+) -> dict[str, TierMemory]:
     """`tier_memory` for off, selective, medium and full."""
-    return {tier: tier_memory(arch, step, tier, static) for tier in CONCRETE_TIERS}
+    return {
+        tier: tier_memory(arch, step, tier, static, recipe, context_bytes=context_bytes)
+        for tier in CONCRETE_TIERS
+    }

@@ -37,7 +37,9 @@ class Step:
     ``trainable_weights``: every weight is trained (full fine-tune).
     ``adapted``: whether the linear named so carries a LoRA adapter of rank
     ``lora_rank`` (its input is kept for the adapter even when the base
-    weight is frozen).
+    weight is frozen).  ``hidden_bytes``: bytes per element of the residual
+    stream between blocks when it differs from ``dtype_bytes`` (fp32 under
+    autocast); 0 means ``dtype_bytes``.
     """
 
     batch: int
@@ -47,6 +49,11 @@ class Step:
     trainable_weights: bool = True
     lora_rank: int = 0
     adapted: Callable[[str], bool] = field(default=lambda name: False)
+    hidden_bytes: int = 0
+
+    @property
+    def residual_bytes(self) -> int:
+        return self.hidden_bytes or self.dtype_bytes
 
     @property
     def tokens(self) -> int:

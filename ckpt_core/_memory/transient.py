@@ -31,18 +31,18 @@ from ckpt_core._planning.tiers import ConcreteTier
 def transient_bytes(arch: Arch, step: Step, tier: ConcreteTier) -> int:
     """Bytes allocated temporarily during the backward of ``tier`` (peak of the two moments)."""
     return max(
-        _loss_backward(arch, step), _recomputed(arch, step, tier) + _widest_gradients(arch, step)
+        loss_backward(arch, step), recomputed(arch, step, tier) + widest_gradients(arch, step)
     )
 
 
-def _loss_backward(arch: Arch, step: Step) -> int:
+def loss_backward(arch: Arch, step: Step) -> int:
     logits = step.tokens * arch.vocab
     loss_bytes = 4 if family_of(arch).loss_in_fp32 else step.dtype_bytes
     softcap = step.dtype_bytes * logits if arch.final_softcap else 0
     return 2 * loss_bytes * logits + softcap
 
 
-def _recomputed(arch: Arch, step: Step, tier: ConcreteTier) -> int:
+def recomputed(arch: Arch, step: Step, tier: ConcreteTier) -> int:
     """Activations a checkpointed block (or attention) holds again while it is differentiated."""
     if tier == "off":
         return 0
@@ -52,7 +52,7 @@ def _recomputed(arch: Arch, step: Step, tier: ConcreteTier) -> int:
     return plain - largest_block(arch, step, "full")
 
 
-def _widest_gradients(arch: Arch, step: Step) -> int:
+def widest_gradients(arch: Arch, step: Step) -> int:
     elem_bytes, tokens = step.dtype_bytes, step.tokens
     inner = arch.intermediate * (2 if arch.glu else 1)
     widest = elem_bytes * tokens * inner

@@ -19,12 +19,19 @@ WeightStorage = Literal["bf16", "fp16", "fp32", "int8", "nf4"]
 Method = Literal["full", "lora", "qlora"]
 Optimizer = Literal["adamw", "adamw_8bit", "sgd"]
 Attention = Literal["sdpa", "flash_attention_2", "eager"]
+KbitPreparation = Literal["peft", "none"]
+Compute = Literal["loaded", "autocast"]
+Gradients = Literal["set_to_none", "accumulate"]
 
 DTYPES: Final[tuple[str, ...]] = ("bf16", "fp16", "fp32")
 WEIGHT_STORAGES: Final[tuple[str, ...]] = ("bf16", "fp16", "fp32", "int8", "nf4")
 METHODS: Final[tuple[str, ...]] = ("full", "lora", "qlora")
 OPTIMIZERS: Final[tuple[str, ...]] = ("adamw", "adamw_8bit", "sgd")
 ATTENTIONS: Final[tuple[str, ...]] = ("sdpa", "flash_attention_2", "eager")
+KBIT_PREPARATIONS: Final[tuple[str, ...]] = ("peft", "none")
+COMPUTES: Final[tuple[str, ...]] = ("loaded", "autocast")
+GRADIENTS: Final[tuple[str, ...]] = ("set_to_none", "accumulate")
+QUANTIZED: Final[tuple[str, ...]] = ("int8", "nf4")
 
 MAX_SEQ_LEN: Final = 1 << 21  # 2M tokens: beyond any released context window
 MAX_MICRO_BATCH: Final = 4096
@@ -46,6 +53,12 @@ class Workload:
     optimizer: Optimizer = "adamw"
     attention: Attention = "sdpa"
     headroom: float = 0.1
+    # The real recipe (DESIGN section 5): what changes a real step's memory.
+    double_quant: bool = False  # bitsandbytes' bnb_4bit_use_double_quant
+    kbit_preparation: KbitPreparation = "peft"  # prepare_model_for_kbit_training, or none
+    compute: Compute = "loaded"  # weights loaded in dtype, or fp32 weights + autocast to dtype
+    gradients: Gradients = "set_to_none"  # zero_grad(set_to_none=True) each step, or accumulate
+    logits_held: bool = True  # the step's output (logits) stays referenced through backward
 
     def __post_init__(self) -> None:
         _check_int("seq_len", self.seq_len, MAX_SEQ_LEN)
@@ -65,13 +78,42 @@ class Workload:
             )
         _check_targets(self.lora_targets)
         _check_headroom(self.headroom)
+        _check_bool("double_quant", self.double_quant)
+        _check_bool("logits_held", self.logits_held)
+        _check_choice("kbit_preparation", self.kbit_preparation, KBIT_PREPARATIONS)
+        _check_choice("compute", self.compute, COMPUTES)
+        _check_choice("gradients", self.gradients, GRADIENTS)
+        if self.compute == "autocast" and self.dtype == "fp32":
+            raise InvalidWorkloadError(
+                "compute 'autocast' runs fp32 weights in a bf16 or fp16 dtype; with dtype fp32 "
+                "use compute 'loaded'",
+                field="workload.compute",
+            )
+        if self.compute == "autocast" and self.weights not in (None, "fp32", *QUANTIZED):
+            raise InvalidWorkloadError(
+                f"compute 'autocast' keeps fp32 weights (AMP's master weights); weights "
+                f"{self.weights!r} would be loaded in the compute dtype: use compute 'loaded'",
+                field="workload.compute",
+            )
 
     @property
     def weight_storage(self) -> WeightStorage:
-        """Weights storage with the defaults applied (qlora -> nf4, else the dtype)."""
+        """Weights storage, defaults applied (qlora -> nf4, autocast -> fp32, else dtype)."""
         if self.weights is not None:
             return self.weights
-        return "nf4" if self.method == "qlora" else self.dtype
+        if self.method == "qlora":
+            return "nf4"
+        return "fp32" if self.compute == "autocast" else self.dtype
+
+    @property
+    def quantized(self) -> bool:
+        """The block linears are bitsandbytes-quantized (int8 / nf4)."""
+        return self.weight_storage in QUANTIZED
+
+    @property
+    def kbit_prepared(self) -> bool:
+        """PEFT's prepare_model_for_kbit_training ran: non-quantized parameters are fp32."""
+        return self.quantized and self.kbit_preparation == "peft"
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -114,6 +156,13 @@ def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise InvalidWorkloadError(
             f"{name} must be one of {', '.join(choices)}; got {value!r}", field=f"workload.{name}"
+        )
+
+
+def _check_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise InvalidWorkloadError(
+            f"{name} must be true or false, got {value!r}", field=f"workload.{name}"
         )
 
 

@@ -218,7 +218,7 @@ def _block(arch: Arch, step: Step, mode: BlockMode, kind: BlockKind) -> Ledger:
     elem_bytes, tokens, h = step.dtype_bytes, step.tokens, arch.hidden
     sliding, moe = kind.sliding, kind.moe
     if mode == "full":
-        led.keep("in", elem_bytes * tokens * h)
+        led.keep("in", step.residual_bytes * tokens * h)
         _block_inputs(led, arch, step, sliding)
         return led
     olmo = arch.sandwich == "olmo2"

@@ -1,0 +1,133 @@
+"""Rows of real GPU training steps: loading, de-duplication, and the estimate for a row.
+
+A row is the schema of ``../shared/data/gpu-steps`` (``model_config``, ``run``,
+``measured``, ``predicted``); rows recorded by ``bench/gpu_step.py`` add
+``run.tier`` (``off`` | ``selective`` | ``medium`` | ``full``) and
+``run.model_type``.  Shared by ``bench/gpu_truth.py``, ``bench/gpu_step.py``
+and the tests.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Final
+
+MIB: Final = 1 << 20
+ROOT: Final = Path(__file__).resolve().parents[1]
+# CI clones the repository into a folder with shared/ beside it; a git worktree one level
+# further down (worktrees/<name>) finds it one level up.
+SHARED_CANDIDATES: Final = tuple(
+    base / "shared" / "data" / "gpu-steps" for base in (ROOT.parent, ROOT.parent.parent)
+)
+SHARED_ROWS: Final = next((p for p in SHARED_CANDIDATES if p.is_dir()), SHARED_CANDIDATES[0])
+LOCAL_ROWS: Final = ROOT / "bench" / "data"
+REPEAT: Final = re.compile(r"-r\d+\.json$")
+
+
+def load_rows(folders: Iterable[Path]) -> list[dict[str, Any]]:
+    """Every row of every ``*.json`` under ``folders``, repeats dropped.
+
+    Repeats: rows whose ``run.source_file`` ends in ``-r2.json`` / ``-r3.json``
+    (deliberate re-runs of a row that is kept), and exact duplicates of the
+    same configuration with the same measurement.
+    """
+    rows, seen = [], set()
+    for folder in folders:
+        if not folder.is_dir():
+            continue
+        for path in sorted(folder.glob("*.json")):
+            data = json.loads(path.read_text())
+            for row in data["runs"] if isinstance(data, dict) else data:
+                if REPEAT.search(row["run"].get("source_file", "")):
+                    continue
+                key = json.dumps([row["model_config"], row["run"], row["measured"]], sort_keys=True)
+                key = re.sub(r'"source_file": "[^"]*"', "", key)
+                if key in seen:
+                    continue
+                seen.add(key)
+                rows.append({**row, "_file": path.name})
+    return rows
+
+
+def model_type(row: dict[str, Any]) -> str:
+    """The transformers model_type of a row (given, or from the model's name)."""
+    given = row["run"].get("model_type") or row["model_config"].get("model_type")
+    if given:
+        return str(given)
+    name = row["model_config"]["name"].lower()
+    if "qwen" in name:
+        return "qwen2"
+    if "mistral" in name:
+        return "mistral"
+    return "llama"  # Llama 3.2, TinyLlama, SmolLM2, deepseek-coder
+
+
+def model_input(row: dict[str, Any]) -> dict[str, Any]:
+    """The ``{"config": ...}`` model input: the full HF config when the row carries one."""
+    if row.get("hf_config"):
+        return {"config": row["hf_config"]}
+    config = row["model_config"]
+    return {
+        "config": {
+            "model_type": model_type(row),
+            "hidden_size": config["hidden_size"],
+            "num_hidden_layers": config["num_layers"],
+            "num_attention_heads": config["num_attention_heads"],
+            "num_key_value_heads": config["num_kv_heads"],
+            "intermediate_size": config["intermediate_size"],
+            "vocab_size": config["vocab_size"],
+            "head_dim": config["head_dim"],
+            "tie_word_embeddings": config["tie_word_embeddings"],
+            "max_position_embeddings": max(32768, int(row["run"]["seq_len"])),
+        }
+    }
+
+
+def workload_of(row: dict[str, Any]) -> dict[str, Any]:
+    """The estimate's workload for the recipe a row was measured with."""
+    run = row["run"]
+    quantized = run.get("quantization", "none") not in ("none", None)
+    workload: dict[str, Any] = {
+        "seq_len": int(run["seq_len"]),
+        "micro_batch_size": int(run["batch_size"]),
+        "dtype": run["precision"],
+        "method": "qlora" if quantized else run.get("method", "lora"),
+        "attention": "eager" if run["kernel"] == "eager" else "sdpa",
+        "optimizer": run.get("optimizer", "adamw"),
+        "double_quant": bool(run.get("double_quant", False)),
+        "gradients": run.get("gradients", "set_to_none"),
+    }
+    if quantized:
+        workload["weights"] = run["quantization"]
+    if workload["method"] != "full":
+        workload["lora_rank"] = int(run["lora_rank"])
+        workload["lora_targets"] = list(run["lora_targets"])
+    return workload
+
+
+def tier_of(row: dict[str, Any]) -> str:
+    run = row["run"]
+    return str(run.get("tier") or ("full" if run.get("grad_checkpoint") else "off"))
+
+
+def gpu_of(row: dict[str, Any]) -> str | None:
+    """The GPU-table name of the row's GPU, or None when the table does not know it."""
+    from ckpt_core._planning.gpus import lookup_gpu
+
+    try:
+        return lookup_gpu(row.get("gpu") or row["run"].get("gpu_name", "")).name
+    except ValueError:
+        return None
+
+
+def estimate_row(row: dict[str, Any], budget_bytes: int | None = None) -> dict[str, Any]:
+    """The estimate's tier entry for the row (allocated, peak, verdict against a budget)."""
+    from ckpt_core._memory.advise import estimate_tiers, model_facts, parse_workload, prepare
+
+    workload = parse_workload({**workload_of(row), "headroom": 0.0})
+    run = prepare(model_facts(model_input(row)), workload, gpu_of(row))
+    memory_gib = None if budget_bytes is None else budget_bytes / (1 << 30)
+    return estimate_tiers(run, memory_gib)["tiers"][tier_of(row)]

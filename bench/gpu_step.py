@@ -1,0 +1,249 @@
+"""One real training step on a CUDA GPU, recorded as a row in the shared rows' schema.
+
+Run: ``.venv/bin/python bench/gpu_step.py --model llama-3.2-1b --tier full --seq-len 1024
+--batch 2 --method qlora --attention eager --out bench/data/<file>.json``.
+
+Builds the model from its config with random weights (no download: the
+weights are saved to a temporary folder and loaded back with
+``from_pretrained``, so quantization goes through transformers' and
+bitsandbytes' own loading path), applies the recipe the estimate describes
+(QLoRA: ``BitsAndBytesConfig`` nf4, PEFT's ``prepare_model_for_kbit_training``;
+LoRA through ``get_peft_model``, adapters fp32, ``lora_alpha = 2r``, dropout
+0), the tier with this project's hooks (``--hooks project``) or HF's native
+checkpointing (``--hooks hf``, full only), then runs ``--warmup`` steps and one
+measured step: ``zero_grad(set_to_none=True)``, ``out = model(input_ids=x,
+labels=x)``, ``out.loss.backward()``, ``optimizer.step()`` (torch AdamW on the
+trainable parameters).  It appends one row (measured fields plus the
+estimate's prediction) to ``--out``, which ``bench/gpu_truth.py`` scores.
+Without CUDA it exits with status 3 and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Final
+
+sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+MIB: Final = 1 << 20
+NO_CUDA: Final = 3
+TIERS: Final = ("off", "selective", "medium", "full")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="a bundled preset or a config.json path")
+    parser.add_argument("--tier", choices=TIERS, default="full")
+    parser.add_argument("--hooks", choices=("project", "hf"), default="project")
+    parser.add_argument("--seq-len", type=int, required=True)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--dtype", choices=("fp16", "bf16", "fp32"), default="bf16")
+    parser.add_argument("--method", choices=("lora", "qlora"), default="lora")
+    parser.add_argument("--double-quant", action="store_true")
+    parser.add_argument("--lora-rank", type=int, default=32)
+    parser.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj")
+    parser.add_argument("--attention", choices=("eager", "sdpa"), default="sdpa")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--out", type=Path, required=True, help="JSON rows file (appended)")
+    args = parser.parse_args(argv)
+    if args.hooks == "hf" and args.tier != "full":
+        parser.error("--hooks hf checkpoints every block: only --tier full")
+    for name in ("seq_len", "batch", "lora_rank", "warmup"):
+        if getattr(args, name) < (0 if name == "warmup" else 1):
+            parser.error(f"--{name.replace('_', '-')} must be positive")
+    return args
+
+
+def model_input(spec: str) -> dict[str, Any]:
+    path = Path(spec)
+    if path.suffix == ".json" and path.is_file():
+        return {"config": json.loads(path.read_text())}
+    return {"preset": spec}
+
+
+def workload_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The estimate's workload for the step the arguments describe."""
+    return {
+        "seq_len": args.seq_len,
+        "micro_batch_size": args.batch,
+        "dtype": args.dtype,
+        "method": args.method,
+        "lora_rank": args.lora_rank,
+        "lora_targets": args.lora_targets.split(","),
+        "attention": args.attention,
+        "double_quant": args.double_quant,
+    }
+
+
+def model_config_of(config: dict[str, Any], name: str) -> dict[str, Any]:
+    """The shared rows' ``model_config`` from an HF config dict."""
+    heads = config["num_attention_heads"]
+    return {
+        "name": name,
+        "model_type": config["model_type"],
+        "hidden_size": config["hidden_size"],
+        "num_layers": config["num_hidden_layers"],
+        "num_attention_heads": heads,
+        "num_kv_heads": config.get("num_key_value_heads") or heads,
+        "intermediate_size": config["intermediate_size"],
+        "vocab_size": config["vocab_size"],
+        "head_dim": config.get("head_dim") or config["hidden_size"] // heads,
+        "tie_word_embeddings": bool(config.get("tie_word_embeddings", False)),
+    }
+
+
+def build_row(
+    args: argparse.Namespace,
+    config: dict[str, Any],
+    measured: dict[str, Any],
+    gpu: str,
+    versions: dict[str, str],
+) -> dict[str, Any]:
+    """One row: the run, what the GPU measured, and the estimate's prediction for it."""
+    from bench._gpu_rows import estimate_row
+
+    row: dict[str, Any] = {
+        "model_id": args.model,
+        "gpu": gpu,
+        "config": f"{args.method} r={args.lora_rank} bs={args.batch} seq={args.seq_len} "
+        f"{args.dtype} {args.attention} tier={args.tier} hooks={args.hooks}",
+        "run": {
+            "kernel": "eager" if args.attention == "eager" else "flash",
+            "attn_impl": args.attention,
+            "seq_len": args.seq_len,
+            "batch_size": args.batch,
+            "precision": args.dtype,
+            "quantization": "nf4" if args.method == "qlora" else "none",
+            "double_quant": args.double_quant,
+            "optimizer": "adamw",
+            "method": args.method,
+            "lora_rank": args.lora_rank,
+            "lora_targets": args.lora_targets.split(","),
+            "grad_checkpoint": args.tier != "off",
+            "tier": args.tier,
+            "hooks": args.hooks,
+            "model_type": config["model_type"],
+            "gpu_name": gpu,
+            **versions,
+        },
+        "measured": measured,
+        "model_config": model_config_of(config, Path(args.model).stem),
+        "hf_config": config,  # what the estimate reads back (sliding windows, norms, ...)
+    }
+    estimate = estimate_row(row)
+    row["predicted"] = {
+        "allocated_mib": estimate["allocated_bytes"] / MIB,
+        "process_mib": estimate["peak_bytes"] / MIB,
+    }
+    return row
+
+
+def append_row(path: Path, row: dict[str, Any]) -> None:
+    data = json.loads(path.read_text()) if path.is_file() else {"_provenance": "", "runs": []}
+    data["_provenance"] = "rows recorded by bench/gpu_step.py (this project), one step each"
+    data["runs"].append(row)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu_step.py needs a CUDA GPU: torch.cuda.is_available() is False", file=sys.stderr)
+        return NO_CUDA
+    from ckpt_core._configs.model_config import load_model_config
+
+    config = dict(load_model_config(model_input(args.model)).config)
+    measured, versions = _run_step(args, config)
+    gpu = torch.cuda.get_device_name()
+    append_row(args.out, build_row(args, config, measured, gpu, versions))
+    print(json.dumps(measured, indent=1))
+    return 0
+
+
+def _run_step(args: argparse.Namespace, config: dict[str, Any]) -> tuple[dict, dict]:
+    """Build, prepare, warm up and measure one step on the current CUDA device."""
+    import peft
+    import torch
+    import transformers
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    from ckpt_core import install_checkpoint_hooks
+    from ckpt_core._configs.model_config import hf_config_from_dict
+
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
+    kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": args.attention}
+    if args.method == "qlora":
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_compute_dtype=dtype,
+            bnb_4bit_use_double_quant=args.double_quant,
+        )
+    with tempfile.TemporaryDirectory() as folder:
+        random = AutoModelForCausalLM.from_config(hf_config_from_dict(config), dtype=dtype)
+        random.save_pretrained(folder)
+        del random
+        model = AutoModelForCausalLM.from_pretrained(folder, device_map="cuda", **kwargs)
+    model.config.use_cache = False
+    if args.method == "qlora":
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    lora = LoraConfig(
+        r=args.lora_rank,
+        lora_alpha=2 * args.lora_rank,
+        lora_dropout=0.0,
+        target_modules=args.lora_targets.split(","),
+    )
+    model = get_peft_model(model, lora)
+    resident = torch.cuda.memory_allocated()  # weights + adapters, as the shared rows
+    model.enable_input_require_grads()
+    if args.hooks == "hf":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    elif args.tier != "off":
+        install_checkpoint_hooks(model, args.tier)
+    model.train()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable)
+    ids = torch.randint(0, config["vocab_size"], (args.batch, args.seq_len), device="cuda")
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        optimizer.step()
+        del out
+
+    for _ in range(args.warmup):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    reserved = torch.cuda.max_memory_reserved()
+    context = total - free - torch.cuda.memory_reserved()
+    measured = {
+        "peak_allocated_mib": torch.cuda.max_memory_allocated() / MIB,
+        "peak_reserved_mib": reserved / MIB,
+        "cuda_context_mib": context / MIB,
+        "process_mib": (reserved + context) / MIB,
+        "resident_before_step_mib": resident / MIB,
+        "trainable_params": sum(p.numel() for p in trainable),
+    }
+    versions = {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "peft": peft.__version__,
+    }
+    return measured, versions
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

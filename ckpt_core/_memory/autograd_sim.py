@@ -1,0 +1,170 @@
+"""A small replay of autograd's memory behaviour on top of `CachingAllocator`.
+
+Tensors are sizes with reference counts: a forward op allocates its outputs,
+saves what its backward needs (a reference held until that backward ran) and
+the program drops each intermediate where the Python variable dies.  The
+backward walks the recorded ops in reverse: for each, it allocates the
+gradients of the inputs that require one (same bytes as the input, as
+autograd's gradients have the input's dtype; ``alias`` ops pass the gradient
+through), then frees the incoming gradient and the op's saved tensors - the
+order of autograd's engine with ``retain_graph=False``.  Checkpointed regions
+record nothing in forward but their input; their backward first replays the
+region's forward with saving on (non-reentrant checkpoint's recompute).
+
+Pure Python; sizes in bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ckpt_core._memory.allocator import CachingAllocator
+
+
+@dataclass(slots=True)
+class _Tensor:
+    handle: tuple[int, int]
+    refs: int
+
+
+@dataclass(slots=True)
+class _Op:
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    saved: tuple[int, ...]
+    temporaries: tuple[int, ...]
+    alias: bool
+    param_grad: int
+
+
+@dataclass(slots=True)
+class _Checkpoint:
+    region: Callable[[Sim, int], int]
+    inputs: int
+    output: int
+
+
+@dataclass(slots=True)
+class Sim:
+    """The simulated device: tensors, the recorded graph, the allocator."""
+
+    allocator: CachingAllocator = field(default_factory=CachingAllocator)
+    tensors: dict[int, _Tensor] = field(default_factory=dict)
+    info: dict[int, tuple[int, bool]] = field(default_factory=dict)  # tid -> (bytes, grad)
+    graph: list[_Op | _Checkpoint] = field(default_factory=list)
+    saving: bool = True
+    accumulate: bool = False  # gradients allocated before the step and kept
+    param_grads: list[int] = field(default_factory=list)  # gradient tensors of parameters
+    _next: int = 0
+
+    # --- tensors ---
+    def new(self, size: int, grad: bool = False) -> int:
+        tid = self._next
+        self._next += 1
+        self.tensors[tid] = _Tensor(self.allocator.malloc(size), 1)
+        self.info[tid] = (size, grad)
+        return tid
+
+    def drop(self, *tids: int) -> None:
+        for tid in tids:
+            tensor = self.tensors[tid]
+            tensor.refs -= 1
+            if tensor.refs == 0:
+                self.allocator.free(tensor.handle)
+                del self.tensors[tid]
+
+    def size(self, tid: int) -> int:
+        return self.info[tid][0]
+
+    def requires_grad(self, tid: int) -> None:
+        self.info[tid] = (self.info[tid][0], True)
+
+    # --- forward ---
+    def op(
+        self,
+        inputs: Sequence[int],
+        out: int,
+        *,
+        save: Sequence[int] = (),
+        save_out: bool = False,
+        temps: Sequence[int] = (),
+        backward_temps: Sequence[int] = (),
+        alias: bool = False,
+        param_grad: int = 0,
+    ) -> int:
+        """Run an op: ``temps`` live during it; returns its output (``out`` bytes)."""
+        grad = param_grad > 0 or any(self.info[t][1] for t in inputs)
+        held = [self.new(size) for size in temps]
+        result = self.new(out, grad)
+        self.drop(*held)
+        if self.saving and grad:
+            saved = (*save, result) if save_out else tuple(save)
+            for tid in saved:
+                self.tensors[tid].refs += 1
+            self.graph.append(
+                _Op(tuple(inputs), (result,), saved, tuple(backward_temps), alias, param_grad)
+            )
+        return result
+
+    def checkpoint(self, region: Callable[[Sim, int], int], x: int) -> int:
+        """Run ``region`` on ``x`` without saving; keep ``x`` for the recompute."""
+        saving, self.saving = self.saving, False
+        out = region(self, x)
+        self.saving = saving
+        self.requires_grad(out)
+        self.tensors[x].refs += 1
+        self.graph.append(_Checkpoint(region, x, out))
+        return out
+
+    # --- backward ---
+    def backward(self, root: int, on_op: Callable[[], None] | None = None) -> None:
+        """Backward from the scalar ``root``: the recorded graph in reverse, then cleared."""
+        grads: dict[int, int] = {root: self.new(4)}
+        while self.graph:
+            node = self.graph.pop()
+            if isinstance(node, _Checkpoint):
+                self._recompute(node, grads)
+                continue
+            self._backward_op(node, grads)
+            if on_op is not None:
+                on_op()
+        for tid in list(grads.values()):
+            self.drop(tid)
+
+    def _backward_op(self, node: _Op, grads: dict[int, int]) -> None:
+        incoming = [grads.pop(t) for t in node.outputs if t in grads]
+        if incoming:
+            held = [self.new(size) for size in node.temporaries]
+            if node.param_grad and not self.accumulate:
+                self.param_grads.append(self.new(node.param_grad))
+            for tid in node.inputs:
+                size, grad = self.info[tid]
+                if not grad:
+                    continue
+                if node.alias and tid not in grads:
+                    grads[tid] = incoming[0]
+                    self.tensors[incoming[0]].refs += 1
+                    continue
+                fresh = self.new(size)
+                if tid in grads:  # accumulate into the existing gradient
+                    self.drop(fresh)
+                else:
+                    grads[tid] = fresh
+            self.drop(*held, *incoming)
+        self.drop(*node.saved)
+
+    def _recompute(self, node: _Checkpoint, grads: dict[int, int]) -> None:
+        outer = self.graph
+        self.graph = []
+        self.requires_grad(node.inputs)
+        out = node.region(self, node.inputs)
+        if node.output in grads:
+            grads[out] = grads.pop(node.output)
+        inner, self.graph = self.graph, outer
+        self.drop(out)
+        while inner:
+            item = inner.pop()
+            if isinstance(item, _Op):
+                self._backward_op(item, grads)
+        self.drop(node.inputs)

@@ -1,0 +1,94 @@
+"""The allocated peak of one real training step: the moments that compete for it.
+
+`ckpt_core._memory.estimate` holds what is resident all step (weights, optimizer
+states) and `ckpt_core._memory.activations` what autograd keeps at the end of the
+forward.  On top of them, three moments of a step on a CUDA device compete
+for ``torch.cuda.max_memory_allocated()`` (the recipe: `Recipe`):
+
+- the loss backward, right after the forward: every kept activation, the
+  logits the caller still holds (``out.logits``, in the LM head's output
+  dtype: fp32 after PEFT's kbit preparation, whose LM head is fp32), and the
+  log-softmax backward's two loss-dtype vocab x tokens buffers;
+- one block's backward: the head's kept storages are freed by then; the
+  checkpointed block is recomputed and differentiated (`_transient`), plus
+  what the meta trace does not show: CUDA's eager-attention backward holds one
+  more score-sized buffer in the compute dtype (counted on the shared T4 rows:
+  softmax output, its fp32 gradient and two score-sized gradients coexist),
+  and bitsandbytes dequantizes the widest quantized weight into the compute
+  dtype for the input gradient;
+- the optimizer step: every gradient, the states, and torch's foreach AdamW
+  temporary (one state-sized tensor for the denominator).
+
+Gradients: with ``set_to_none`` they do not exist at the loss backward and
+only the head's and one block's exist at a block's backward; with
+``accumulate`` they are all allocated throughout.  Pure arithmetic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ckpt_core._memory.activations import activation_bytes, head_bytes
+from ckpt_core._memory.arch import Arch
+from ckpt_core._memory.ledger import Step
+from ckpt_core._memory.transient import loss_backward, recomputed, widest_gradients
+
+if TYPE_CHECKING:
+    from ckpt_core._memory.step_trace import TraceRecipe
+
+
+@dataclass(frozen=True, slots=True)
+class Recipe:
+    """What the workload says about a real step beyond the activation `Step`.
+
+    ``logits_bytes``: bytes per element of the LM head's output (0: the
+    caller drops the output before backward).  ``head_gradients``: gradient
+    bytes of the embeddings / head (trained in a full fine-tune).
+    ``block_gradients``: gradient bytes of the largest block.
+    ``gradients_held``: every gradient is allocated all step (accumulation).
+    ``optimizer_temporary``: bytes of the optimizer step's temporaries.
+    ``dequantized``: bytes of the widest quantized weight in the compute dtype.
+    """
+
+    logits_bytes: int = 0
+    gradients: int = 0
+    head_gradients: int = 0
+    block_gradients: int = 0
+    gradients_held: bool = False
+    optimizer_temporary: int = 0
+    dequantized: int = 0
+    trace: TraceRecipe | None = None  # the replay through the caching allocator
+
+
+def allocated_moments(
+    arch: Arch, step: Step, tier: str, resident: int, recipe: Recipe
+) -> dict[str, int]:
+    """Allocated bytes at each competing moment; ``resident`` = weights + optimizer states."""
+    activations = activation_bytes(arch, step, tier)
+    held = recipe.logits_bytes * step.tokens * arch.vocab
+    loss = resident + activations + held + loss_backward(arch, step)
+    block_grads = recipe.head_gradients + recipe.block_gradients
+    if recipe.gradients_held:
+        loss += recipe.gradients
+        block_grads = recipe.gradients
+    block = (
+        resident
+        + activations
+        - head_bytes(arch, step)
+        + held
+        + block_grads
+        + recomputed(arch, step, tier)
+        + widest_gradients(arch, step)
+        + _eager_extra(arch, step)
+        + recipe.dequantized
+    )
+    optimizer = resident + recipe.gradients + held + recipe.optimizer_temporary
+    return {"loss_backward": loss, "block_backward": block, "optimizer_step": optimizer}
+
+
+def _eager_extra(arch: Arch, step: Step) -> int:
+    """The score-sized gradient CUDA's eager backward holds beyond the meta trace."""
+    if step.attention != "eager":
+        return 0
+    return step.dtype_bytes * step.batch * arch.heads * step.seq * step.seq

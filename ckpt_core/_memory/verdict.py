@@ -1,0 +1,52 @@
+"""The verdict on a peak against a budget: fits, tight or does not fit, and the margin.
+
+The estimate's error on real steps is not zero, so a peak close to the budget
+is answered ``tight`` rather than a bare ``fits``: the band is the worst
+process-memory error ``bench/gpu_truth.py`` measures over the shared GPU rows,
+per attention kernel.  Pure arithmetic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+GIB: Final = 1 << 30
+
+# A peak within this fraction of the budget is `tight`: the estimate's error band on real
+# steps, by attention kernel - the worst process-memory error bench/gpu_truth.py measures
+# over the shared GPU rows (eager +15.2%, sdpa -4.8%), rounded up.
+TIGHT_BANDS: Final[dict[str, float]] = {"eager": 0.16, "fused": 0.06, "flash": 0.06}
+
+
+def verdict(peak: int, budget: int | None, band: float) -> dict[str, Any]:
+    """``fits`` (peak <= budget), ``margin_bytes`` (budget - peak) and ``tight``.
+
+    ``tight``: the peak is within the estimate's error band (``band``, a
+    fraction of the peak) of the budget, on either side: the job may or may
+    not fit; ``verdict`` says it in one word (``fits`` | ``tight`` |
+    ``does_not_fit``).
+    """
+    if budget is None:
+        return {"fits": None, "margin_bytes": None, "tight": None, "verdict": None}
+    margin = budget - peak
+    tight = abs(margin) <= band * peak
+    word = "tight" if tight else "fits" if margin >= 0 else "does_not_fit"
+    return {"fits": margin >= 0, "margin_bytes": margin, "tight": tight, "verdict": word}
+
+
+def tight_note(row: Mapping[str, Any], band: float) -> str:
+    """Say so when the peak is within the estimate's error band of the budget."""
+    if not row.get("tight"):
+        return ""
+    margin = row["margin_bytes"]
+    side = f"{_gib(margin)} to spare" if margin >= 0 else f"{_gib(-margin)} over"
+    return (
+        f" - TIGHT: {side}, within the estimate's {band:.0%} error band on real GPUs; "
+        "the job may run out of memory: a longer-recompute tier, a smaller micro-batch or more "
+        "headroom is safer"
+    )
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / GIB:.1f} GiB"

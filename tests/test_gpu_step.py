@@ -1,0 +1,95 @@
+"""bench/gpu_step.py on CPU: argument handling, the row it writes, and the no-CUDA exit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench import gpu_step
+from bench._gpu_rows import estimate_row, load_rows, workload_of
+from ckpt_core._configs.model_config import load_model_config
+
+ARGS = ["--model", "llama-3.2-1b", "--seq-len", "1024", "--batch", "2", "--out", "rows.json"]
+MEASURED = {
+    "peak_allocated_mib": 5000.0,
+    "peak_reserved_mib": 5600.0,
+    "cuda_context_mib": 500.0,
+    "process_mib": 6100.0,
+    "resident_before_step_mib": 2400.0,
+    "trainable_params": 1,
+}
+
+
+def test_defaults_and_choices() -> None:
+    args = gpu_step.parse_args(ARGS)
+    assert (args.tier, args.hooks, args.method, args.attention) == (
+        "full",
+        "project",
+        "lora",
+        "sdpa",
+    )
+    assert args.lora_targets.split(",") == ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--tier", "medium", "--hooks", "hf"],  # HF's checkpointing has no medium
+        ["--tier", "most"],
+        ["--batch", "0"],
+        ["--attention", "flash"],
+    ],
+)
+def test_bad_arguments_are_refused(extra: list[str]) -> None:
+    with pytest.raises(SystemExit) as error:
+        gpu_step.parse_args(ARGS + extra)
+    assert error.value.code == 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the step would run")
+def test_without_cuda_it_says_so_and_fails(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "rows.json"
+    assert gpu_step.main([*ARGS[:-1], str(out)]) == gpu_step.NO_CUDA
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("method", "tier", "attention"), [("qlora", "full", "eager"), ("lora", "medium", "sdpa")]
+)
+def test_the_row_round_trips_through_gpu_truth(
+    tmp_path: Path, method: str, tier: str, attention: str
+) -> None:
+    """The row has the shared schema; gpu_truth's loader maps it back to the same workload."""
+    extra = ["--method", method, "--tier", tier, "--attention", attention, "--dtype", "fp16"]
+    args = gpu_step.parse_args(ARGS + extra)
+    config = dict(load_model_config({"preset": "llama-3.2-1b"}).config)
+    row = gpu_step.build_row(args, config, MEASURED, "NVIDIA H200", {"torch": "x"})
+    assert set(row) >= {"model_id", "gpu", "run", "measured", "predicted", "model_config"}
+    gpu_step.append_row(tmp_path / "rows.json", row)
+    gpu_step.append_row(tmp_path / "rows.json", row)  # appended, and an exact repeat is dropped
+    (loaded,) = load_rows([tmp_path])
+    assert json.loads(json.dumps(row))["measured"] == loaded["measured"]
+    workload = workload_of(loaded)
+    assert workload["method"] == method and workload["attention"] == attention
+    assert workload["seq_len"] == 1024 and workload["micro_batch_size"] == 2
+    estimate = estimate_row(loaded)
+    assert row["predicted"]["process_mib"] == estimate["peak_bytes"] / gpu_step.MIB
+    assert row["model_config"]["num_kv_heads"] == config["num_key_value_heads"]
+
+
+def test_the_sweep_covers_every_tier_of_three_families_at_two_lengths(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    from bench import gpu_sweep
+
+    assert gpu_sweep.main(["--dry"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 * 2 * 4
+    for tier in ("off", "selective", "medium", "full"):
+        assert sum(f"--tier {tier} " in line for line in lines) == 6
+    families = {load_model_config({"preset": p}).config["model_type"] for p in gpu_sweep.PRESETS}
+    assert len(families) == 3

@@ -1,0 +1,77 @@
+"""The estimate against real GPU training steps (``../shared/data/gpu-steps``, the fixture).
+
+bench/gpu_truth.py's scoring over the shared rows, repeats dropped, held to
+issue 15's targets.  Skipped, saying why, where the shared folder is absent.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import gpu_truth
+from bench._gpu_rows import SHARED_ROWS, load_rows, workload_of
+
+pytestmark = pytest.mark.skipif(
+    not SHARED_ROWS.is_dir(), reason=f"no shared GPU rows at {SHARED_ROWS}"
+)
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[dict]:
+    return load_rows([SHARED_ROWS])
+
+
+@pytest.fixture(scope="module")
+def table(rows: list[dict]) -> dict[str, dict[str, float]]:
+    return gpu_truth.summary(gpu_truth.score(rows))
+
+
+def test_repeats_are_dropped(rows: list[dict]) -> None:
+    """49 distinct steps: the -r2 / -r3 re-runs are not scored twice."""
+    assert len(rows) == 49
+    assert not any(
+        row["run"].get("source_file", "").endswith(("-r2.json", "-r3.json")) for row in rows
+    )
+
+
+def test_allocated_peak_within_5_percent(table: dict[str, dict[str, float]]) -> None:
+    assert abs(table["all"]["allocated_worst"]) <= gpu_truth.TARGETS["allocated_worst"]
+
+
+def test_process_memory_mean_within_3_percent(table: dict[str, dict[str, float]]) -> None:
+    assert table["all"]["process_mean"] <= gpu_truth.TARGETS["process_mean"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 15 target not met yet: eager-attention rows reach +15% / -13% (README)",
+)
+def test_process_memory_worst_within_8_percent(table: dict[str, dict[str, float]]) -> None:
+    assert abs(table["all"]["process_worst"]) <= gpu_truth.TARGETS["process_worst"]
+
+
+def test_sdpa_process_memory_worst_within_8_percent(table: dict[str, dict[str, float]]) -> None:
+    for group in ("LoRA SDPA", "QLoRA SDPA"):
+        assert abs(table[group]["process_worst"]) <= gpu_truth.TARGETS["process_worst"], group
+
+
+def test_boundary_verdicts_are_never_dangerous(rows: list[dict]) -> None:
+    """Budgets 2-10% either side of each step's real process memory: never a wrong "fits".
+
+    A step that ran out of memory (real > budget) is never answered "fits";
+    one that fits is never answered "does_not_fit": inside the error band the
+    answer is "tight".
+    """
+    verdicts = gpu_truth.boundary(rows, None)
+    assert verdicts["cases"] == len(rows) * len(gpu_truth.OFFSETS)
+    assert verdicts["dangerous"] == 0
+    assert verdicts["over_cautious"] == 0
+    assert verdicts["tight"] > 0
+
+
+def test_rows_map_to_the_recipe_they_were_measured_with(rows: list[dict]) -> None:
+    for row in rows:
+        workload = workload_of(row)
+        assert workload["dtype"] == "fp16"
+        assert workload["double_quant"] is False
+        assert workload["method"] in ("lora", "qlora")

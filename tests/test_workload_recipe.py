@@ -1,0 +1,136 @@
+"""The real-recipe workload fields: defaults, validation, and what each changes in the estimate."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from ckpt_core import InvalidWorkloadError, make_plan
+from ckpt_core._memory.activations import activation_bytes
+from ckpt_core._memory.advise import model_facts, parse_workload, prepare
+from ckpt_core._memory.estimate import NF4_BYTES_PER_WEIGHT, NF4_DOUBLE_QUANT_BYTES_PER_WEIGHT
+from ckpt_core._planning.workload import Workload
+
+MODEL = {"preset": "llama-3.2-1b"}
+QLORA = {"seq_len": 1024, "method": "qlora", "dtype": "fp16", "lora_targets": ["q_proj", "v_proj"]}
+
+
+def run_for(**workload: Any):
+    return prepare(model_facts(MODEL), parse_workload(workload))
+
+
+def test_defaults_match_what_people_run() -> None:
+    workload = Workload(seq_len=512)
+    assert workload.double_quant is False  # BitsAndBytesConfig's default
+    assert workload.kbit_preparation == "peft"  # prepare_model_for_kbit_training
+    assert workload.compute == "loaded"
+    assert workload.gradients == "set_to_none"  # torch's zero_grad default
+    assert workload.logits_held is True
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("double_quant", "yes"),
+        ("double_quant", 1),
+        ("kbit_preparation", "manual"),
+        ("compute", "amp"),
+        ("gradients", "zero"),
+        ("logits_held", None),
+    ],
+)
+def test_bad_values_name_the_field(field: str, value: object) -> None:
+    with pytest.raises(InvalidWorkloadError) as error:
+        Workload.from_dict({"seq_len": 512, field: value})
+    assert error.value.field == f"workload.{field}"
+
+
+def test_autocast_needs_a_half_dtype_and_fp32_weights() -> None:
+    with pytest.raises(InvalidWorkloadError) as error:
+        Workload(seq_len=512, dtype="fp32", compute="autocast")
+    assert error.value.field == "workload.compute"
+    with pytest.raises(InvalidWorkloadError):
+        Workload(seq_len=512, weights="bf16", compute="autocast")
+    assert Workload(seq_len=512, compute="autocast").weight_storage == "fp32"
+
+
+def test_nf4_storage_with_and_without_double_quantization() -> None:
+    plain, double = run_for(**QLORA), run_for(**QLORA, double_quant=True)
+    layout = model_facts(MODEL).layout
+    quantized = sum(linear.weights for linear in layout.linears)
+    saved = plain.static.weights - double.static.weights
+    assert saved == pytest.approx(
+        quantized * (NF4_BYTES_PER_WEIGHT - NF4_DOUBLE_QUANT_BYTES_PER_WEIGHT), abs=2
+    )
+    assert NF4_BYTES_PER_WEIGHT * 8 == 4.5  # 4 bits + an fp32 absmax per 64 weights
+
+
+def test_kbit_preparation_puts_the_rest_in_fp32_and_the_hidden_states_too() -> None:
+    prepared, unprepared = run_for(**QLORA), run_for(**QLORA, kbit_preparation="none")
+    layout = model_facts(MODEL).layout
+    kept = layout.total - sum(linear.weights for linear in layout.linears)
+    assert prepared.static.weights - unprepared.static.weights == 2 * kept  # fp32 vs fp16
+    assert (prepared.step.dtype_bytes, unprepared.step.dtype_bytes) == (4, 2)
+    assert run_for(**{**QLORA, "method": "lora"}).step.dtype_bytes == 2  # no quantization
+
+
+@pytest.mark.parametrize("tier", ["off", "full"])
+def test_prepared_qlora_activations_match_the_meta_measurement(tier: str) -> None:
+    """PEFT's kbit preparation runs every hidden state in fp32: measured as the fp32 PEFT model.
+
+    bitsandbytes' frozen linears keep nothing of their input (MatMul4Bit
+    saves only the weight), as a frozen fp32 ``nn.Linear`` on meta.
+    """
+    from peft import LoraConfig, get_peft_model
+
+    from ckpt_core._configs.model_config import build_meta_model, load_model_config
+    from ckpt_core._meta.measure import measure_activation_bytes
+
+    base = build_meta_model(load_model_config(MODEL), attention="sdpa").to(torch.float32)
+    model = get_peft_model(base, LoraConfig(r=16, target_modules=["q_proj", "v_proj"]))
+    measured = measure_activation_bytes(model, tier, seq_len=1024, micro_batch_size=1, dtype="fp32")
+    run = run_for(**QLORA)
+    assert activation_bytes(run.facts.arch, run.step, tier) == pytest.approx(measured, rel=0.02)
+
+
+def test_accumulated_gradients_raise_the_peak_of_a_full_fine_tune() -> None:
+    workload = {"seq_len": 1024, "optimizer": "sgd"}
+    fresh = make_plan("full", model=MODEL, workload=workload).estimate["tiers"]["full"]
+    held = make_plan("full", model=MODEL, workload={**workload, "gradients": "accumulate"})
+    gradients = held.estimate["assumptions"]["gradients_bytes"]
+    increase = held.estimate["tiers"]["full"]["allocated_bytes"] - fresh["allocated_bytes"]
+    assert 0 < increase <= gradients
+
+
+def test_dropping_the_logits_before_backward_lowers_the_peak() -> None:
+    workload = {"seq_len": 2048, "method": "lora", "dtype": "fp16"}
+    held = make_plan("full", model=MODEL, workload=workload).estimate["tiers"]["full"]
+    dropped = make_plan("full", model=MODEL, workload={**workload, "logits_held": False})
+    assert dropped.estimate["tiers"]["full"]["allocated_bytes"] < held["allocated_bytes"]
+
+
+def test_two_peaks_context_and_tight_verdict() -> None:
+    plan = make_plan("full", model=MODEL, workload=QLORA, gpu="T4")
+    row = plan.estimate["tiers"]["full"]
+    assumptions = plan.estimate["assumptions"]
+    assert assumptions["cuda_context_bytes"] == int(140.875 * 2**20)  # measured on a T4
+    assert row["peak_bytes"] >= row["allocated_bytes"] + assumptions["cuda_context_bytes"]
+    budget = assumptions["budget_bytes"]
+    assert row["margin_bytes"] == budget - row["peak_bytes"]
+    assert row["verdict"] == ("tight" if row["tight"] else "fits")
+    unnamed = make_plan("full", model=MODEL, workload=QLORA, gpu_memory_gb=14.0)
+    assert unnamed.estimate["assumptions"]["cuda_context_bytes"] > assumptions["cuda_context_bytes"]
+
+
+def test_a_peak_near_the_budget_is_tight() -> None:
+    run = run_for(**QLORA)
+    from ckpt_core._memory.advise import estimate_tiers
+
+    peak = estimate_tiers(run, None)["tiers"]["full"]["peak_bytes"]
+    band = 0.06  # sdpa's band
+    near = estimate_tiers(run, peak * 1.01 / (0.9 * 2**30))["tiers"]["full"]
+    far = estimate_tiers(run, peak * (1 + 2 * band) / (0.9 * 2**30))["tiers"]["full"]
+    over = estimate_tiers(run, peak * (1 - 2 * band) / (0.9 * 2**30))["tiers"]["full"]
+    assert (near["verdict"], far["verdict"], over["verdict"]) == ("tight", "fits", "does_not_fit")
