@@ -113,10 +113,13 @@ def make_plan(
         description = describe(parsed, memory)
     else:
         from ckpt_core._memory.advise import advise  # the memory model: only when a model is given
+        from ckpt_core._memory.sharding import host_sentence
 
         advice = advise(parsed, model, workload, memory)
         granularity, why = advice.granularity, advice.reason  # type: ignore[assignment]
         description, estimate = advice.description, advice.estimate
+        host = host_sentence(estimate["assumptions"])
+        why = f"{why}; {host}" if host else why
     settings = trainer_settings(granularity, version)
     return Plan(
         tier=parsed,

@@ -37,6 +37,7 @@ from ckpt_core._memory.families import NO_FLASH, NO_SDPA, arch_of, param_layout
 from ckpt_core._memory.flops import recompute_ratio
 from ckpt_core._memory.ledger import Step
 from ckpt_core._memory.param_layout import ParamLayout
+from ckpt_core._memory.sharding import distributed_summary, per_gpu_memory
 from ckpt_core._planning.tiers import CONCRETE_TIERS
 from ckpt_core._planning.workload import Workload
 
@@ -124,7 +125,9 @@ def prepare(facts: Facts, workload: Workload) -> Run:
         lora_rank=workload.lora_rank if workload.method != "full" else 0,
         adapted=targets.__contains__,  # empty for a full fine-tune
     )
-    static = static_memory(layout, workload, lora_parameters)
+    # Per GPU of the data-parallel group (the unsharded totals ride along): issue 17.
+    replica = static_memory(layout, workload, lora_parameters)
+    static = per_gpu_memory(replica, arch, layout, workload)
     return Run(facts, workload, step, static, note)
 
 
@@ -216,9 +219,7 @@ def _assumptions(
         "gpu_memory_unit": "GiB (2**30 bytes), as torch reports total memory",
         "headroom": workload.headroom,
         "budget_bytes": budget,
-        "weights_bytes": run.static.weights,
-        "gradients_bytes": run.static.gradients,
-        "optimizer_bytes": run.static.optimizer,
+        **distributed_summary(run.static, workload),  # per-GPU weights / gradients / optimizer
         "transient_bytes": {tier: item.transient_bytes for tier, item in memory.items()},
         "rules": dict(ASSUMPTIONS),
     }
