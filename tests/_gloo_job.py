@@ -125,12 +125,13 @@ def _rank_main(rank: int, job: tuple[int, int, str, str | None, str]) -> None:
         timeout=__import__("datetime").timedelta(seconds=DEADLINE_S),
     )
     try:
-        model = tiny_llama()
-        if hooks:  # on the blocks FSDP2 wraps, before fully_shard
-            from ckpt_core import install_checkpoint_hooks
+        from ckpt_core import install_checkpoint_hooks
 
+        model = tiny_llama()
+        late = strategy == "fsdp2_late"  # as the Trainer's callback: after accelerate shards
+        if hooks and not late:  # on the blocks FSDP2 wraps, before fully_shard
             install_checkpoint_hooks(model, hooks)
-        if strategy == "fsdp2":
+        if strategy.startswith("fsdp2"):
             from torch.distributed.fsdp import fully_shard
 
             for block in model.model.layers:
@@ -139,6 +140,8 @@ def _rank_main(rank: int, job: tuple[int, int, str, str | None, str]) -> None:
             trained: nn.Module = model
         else:
             trained = nn.parallel.DistributedDataParallel(model)
+        if hooks and late:
+            install_checkpoint_hooks(model, hooks)
         optimizer = torch.optim.AdamW(trained.parameters(), lr=1e-2)
         per_rank = WORLD_BATCH // world_size
         ids = batch()[rank * per_rank : (rank + 1) * per_rank]
@@ -169,7 +172,11 @@ def _free_port() -> int:
 
 
 def run_job(world_size: int, strategy: str, hooks: str | None = None) -> list[dict[str, Any]]:
-    """Fork ``world_size`` gloo ranks running ``strategy`` (``ddp`` | ``fsdp2``); their figures."""
+    """``world_size`` gloo ranks running ``strategy``; their figures.
+
+    ``ddp``, ``fsdp2`` (hooks installed before ``fully_shard``) or ``fsdp2_late``
+    (after it, where `CheckpointPlanCallback` installs them under the Trainer).
+    """
     import multiprocessing
 
     import torch.multiprocessing as mp
