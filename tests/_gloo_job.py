@@ -21,6 +21,7 @@ Everything stays on the loopback interface and every job has a deadline.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import socket
@@ -115,6 +116,9 @@ def _rank_main(rank: int, job: tuple[int, int, str, str | None, str]) -> None:
     import torch.distributed as dist
 
     world_size, port, strategy, hooks, out = job
+    # A rank that is still running near the deadline writes where it is, for the error.
+    stacks = Path(out, f"{rank}.stacks").open("w")  # noqa: SIM115 - open until the rank exits
+    faulthandler.dump_traceback_later(DEADLINE_S * 0.8, file=stacks)
     torch.set_num_threads(1)
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     dist.init_process_group(
@@ -125,44 +129,54 @@ def _rank_main(rank: int, job: tuple[int, int, str, str | None, str]) -> None:
         timeout=__import__("datetime").timedelta(seconds=DEADLINE_S),
     )
     try:
-        from ckpt_core import install_checkpoint_hooks
-
-        model = tiny_llama()
-        late = strategy == "fsdp2_late"  # as the Trainer's callback: after accelerate shards
-        if hooks and not late:  # on the blocks FSDP2 wraps, before fully_shard
-            install_checkpoint_hooks(model, hooks)
-        if strategy.startswith("fsdp2"):
-            from torch.distributed.fsdp import fully_shard
-
-            for block in model.model.layers:
-                fully_shard(block)
-            fully_shard(model)
-            trained: nn.Module = model
-        else:
-            trained = nn.parallel.DistributedDataParallel(model)
-        if hooks and late:
-            install_checkpoint_hooks(model, hooks)
-        optimizer = torch.optim.AdamW(trained.parameters(), lr=1e-2)
-        per_rank = WORLD_BATCH // world_size
-        ids = batch()[rank * per_rank : (rank + 1) * per_rank]
-        loss = _loss(trained, ids)
-        loss.backward()
-        params = list(model.parameters())
-        measured = {
-            "weights": _unique_bytes(params),
-            "gradients": _unique_bytes([p.grad for p in params if p.grad is not None]),
-        }
-        optimizer.step()
-        states = [v for s in optimizer.state.values() for k, v in s.items() if k != "step"]
-        measured["optimizer"] = _unique_bytes(states)
-        with torch.no_grad():
-            after = _loss(trained, ids)
-        losses = torch.stack([loss.detach(), after.detach()])
-        dist.all_reduce(losses)
-        measured["losses"] = (losses / world_size).tolist()
+        measured = _train(rank, world_size, strategy, hooks)
         Path(out, f"{rank}.json").write_text(json.dumps(measured))
+        dist.barrier()  # every rank done with its collectives before any tears down
     finally:
+        # The model, DDP's reducer and FSDP's state are gone with `_train`'s frame: a DDP
+        # reducer destroyed after its process group can block its rank's exit.
         dist.destroy_process_group()
+
+
+def _train(rank: int, world_size: int, strategy: str, hooks: str | None) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    from ckpt_core import install_checkpoint_hooks
+
+    model = tiny_llama()
+    late = strategy == "fsdp2_late"  # as the Trainer's callback: after accelerate shards
+    if hooks and not late:  # on the blocks FSDP2 wraps, before fully_shard
+        install_checkpoint_hooks(model, hooks)
+    if strategy.startswith("fsdp2"):
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.model.layers:
+            fully_shard(block)
+        fully_shard(model)
+        trained: nn.Module = model
+    else:
+        trained = nn.parallel.DistributedDataParallel(model)
+    if hooks and late:
+        install_checkpoint_hooks(model, hooks)
+    optimizer = torch.optim.AdamW(trained.parameters(), lr=1e-2)
+    per_rank = WORLD_BATCH // world_size
+    ids = batch()[rank * per_rank : (rank + 1) * per_rank]
+    loss = _loss(trained, ids)
+    loss.backward()
+    params = list(model.parameters())
+    measured: dict[str, Any] = {
+        "weights": _unique_bytes(params),
+        "gradients": _unique_bytes([p.grad for p in params if p.grad is not None]),
+    }
+    optimizer.step()
+    states = [v for s in optimizer.state.values() for k, v in s.items() if k != "step"]
+    measured["optimizer"] = _unique_bytes(states)
+    with torch.no_grad():
+        after = _loss(trained, ids)
+    losses = torch.stack([loss.detach(), after.detach()])
+    dist.all_reduce(losses)
+    measured["losses"] = (losses / world_size).tolist()
+    return measured
 
 
 def _free_port() -> int:
@@ -195,5 +209,12 @@ def run_job(world_size: int, strategy: str, hooks: str | None = None) -> list[di
             if time.monotonic() > deadline:
                 for process in context.processes:
                     process.kill()
-                raise TimeoutError(f"gloo job ({strategy}, {world_size} ranks) past {DEADLINE_S}s")
+                stacks = "\n".join(
+                    f"rank {r}:\n" + Path(out, f"{r}.stacks").read_text()
+                    for r in range(world_size)
+                    if Path(out, f"{r}.stacks").exists()
+                )
+                raise TimeoutError(
+                    f"gloo job ({strategy}, {world_size} ranks) past {DEADLINE_S}s\n{stacks}"
+                )
         return [json.loads(Path(out, f"{r}.json").read_text()) for r in range(world_size)]
