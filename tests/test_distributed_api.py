@@ -63,10 +63,11 @@ def test_cli_hybrid_is_a_switch(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize(
     ("flags", "needle"),
     [
-        (("--sharding", "zero4"), "sharding"),
-        (("--world-size", "0"), "world_size"),
-        (("--offload", "all", "--sharding", "zero2"), "offload"),
-        (("--engine", "jax"), "engine"),
+        (("--sharding", "zero4"), "--sharding"),
+        (("--world-size", "0"), "--world-size"),
+        (("--offload", "all", "--sharding", "zero2"), "--offload"),
+        (("--engine", "jax"), "--engine"),
+        (("--host-memory-gb", "512", "--world-size", "8"), "--gpus-per-node"),
     ],
 )
 def test_cli_refuses_bad_distributed_flags(
