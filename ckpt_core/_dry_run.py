@@ -29,7 +29,18 @@ if TYPE_CHECKING:
 
 # What a measurement may be asked for; the rest of a workload does not change
 # the activation bytes.  Validated by `Workload`, reported back as given.
-MEASURE_FIELDS: Final = ("seq_len", "micro_batch_size", "dtype", "attention")
+MEASURE_FIELDS: Final = (
+    "seq_len",
+    "micro_batch_size",
+    "dtype",
+    "attention",
+    "world_size",
+    "sharding",
+)
+# What the activation measurement takes; world_size / sharding, when given, add the per-GPU
+# parameters (reported only then, so a plain measurement reads as before).
+_ACTIVATION_FIELDS: Final = MEASURE_FIELDS[:4]
+_DISTRIBUTED_FIELDS: Final = MEASURE_FIELDS[4:]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +85,9 @@ def dry_run(
 
     ``measure`` (``{"seq_len": ..., "micro_batch_size": ..., "dtype": ...,
     "attention": ...}``, all but ``seq_len`` optional) adds a meta-device
-    measurement of the activation bytes.  Errors are the ckpt_core errors of
+    measurement of the activation bytes; with ``world_size`` / ``sharding``
+    also the parameters each GPU keeps (``parameters_per_gpu``, counted on
+    the built model's shapes as FSDP2 shards them).  Errors are the ckpt_core errors of
     the input at fault (tier, GPU, model config, measure fields).
     """
     started = time.perf_counter()
@@ -83,7 +96,8 @@ def dry_run(
     cfg = load_model_config(model, limits=limits)
     built = build_meta_model(cfg, attention=shape.attention if shape else None, limits=limits)
     blocks, modules = _cover(built, plan.granularity)
-    measured = _measure(built, plan.granularity, shape) if shape else None
+    per_gpu = measure is not None and any(name in measure for name in _DISTRIBUTED_FIELDS)
+    measured = _measure(built, plan.granularity, shape, per_gpu=per_gpu) if shape else None
     return DryRunReport(
         tier=plan.tier,
         granularity=plan.granularity,
@@ -137,7 +151,9 @@ def _as_measure_errors() -> Iterator[None]:
         raise InvalidWorkloadError(exc.message.replace("workload", "measure"), field=field) from exc
 
 
-def _measure(model: nn.Module, granularity: Granularity | None, shape: Workload) -> dict[str, Any]:
+def _measure(
+    model: nn.Module, granularity: Granularity | None, shape: Workload, *, per_gpu: bool
+) -> dict[str, Any]:
     """Activation bytes of ``model`` for ``shape``, by the meta-device measurement.
 
     The model already carries the hooks of ``granularity``; the measurement
@@ -145,7 +161,31 @@ def _measure(model: nn.Module, granularity: Granularity | None, shape: Workload)
     """
     from ckpt_core._meta.measure import measure_activation_bytes
 
-    requested = {f.name: getattr(shape, f.name) for f in fields(shape) if f.name in MEASURE_FIELDS}
+    names = MEASURE_FIELDS if per_gpu else _ACTIVATION_FIELDS
+    requested = {f.name: getattr(shape, f.name) for f in fields(shape) if f.name in names}
+    activation = {k: v for k, v in requested.items() if k in _ACTIVATION_FIELDS}
     with _as_measure_errors():  # e.g. seq_len beyond GPT-2's learned positions
-        activation_bytes = measure_activation_bytes(model, granularity, **requested)
-    return {"activation_bytes": int(activation_bytes), **requested}
+        activation_bytes = measure_activation_bytes(model, granularity, **activation)
+    measured = {"activation_bytes": int(activation_bytes), **requested}
+    if per_gpu:
+        measured.update(parameters_per_gpu(model, shape.world_size, shape.sharding))
+    return measured
+
+
+def parameters_per_gpu(model: nn.Module, world_size: int, sharding: str) -> dict[str, int]:
+    """Parameters one GPU keeps at rest, counted on the built model's own shapes.
+
+    zero2 / zero3 shard each parameter along dim 0 as FSDP2's ``fully_shard``
+    does: ``ceil(rows / world_size)`` rows per rank, the last ranks padded, so
+    this is what ranks allocate (rank 0's shard, the largest).  Otherwise every
+    GPU keeps the whole model.
+    """
+    sharded = sharding in ("zero2", "zero3")
+    total = 0
+    for parameter in model.parameters():
+        if not sharded or parameter.dim() == 0:
+            total += parameter.numel()
+            continue
+        rows = parameter.shape[0]
+        total += -(-rows // world_size) * (parameter.numel() // rows if rows else 0)
+    return {"parameters_per_gpu": total}

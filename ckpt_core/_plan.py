@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ckpt_core._errors import ModelConfigError
+from ckpt_core._planning.engine_args import engine_sentence, engine_settings
 from ckpt_core._planning.gpus import gpu_memory_for, lookup_gpu
 from ckpt_core._planning.tiers import (
     AUTO_FULL_THRESHOLD_GB,
@@ -103,6 +104,7 @@ def make_plan(
     version = parse_transformers_version(version_text)
     gpu_name = lookup_gpu(gpu).name if gpu is not None else None
     estimate: dict[str, Any] | None = None
+    parsed_workload: Workload | None = None
     if model is None:
         if workload is not None:
             raise ModelConfigError(
@@ -112,19 +114,29 @@ def make_plan(
         why = _why_granularity(parsed, granularity, memory, gpu_name)
         description = describe(parsed, memory)
     else:
-        from ckpt_core._memory.advise import advise  # the memory model: only when a model is given
+        from ckpt_core._memory.advise import advise, parse_workload  # only when a model is given
+        from ckpt_core._memory.sharding import host_sentence
 
         advice = advise(parsed, model, workload, memory, gpu_name)
+        parsed_workload = parse_workload(workload)
         granularity, why = advice.granularity, advice.reason  # type: ignore[assignment]
         description, estimate = advice.description, advice.estimate
-    settings = trainer_settings(granularity, version)
+        host = host_sentence(estimate["assumptions"])
+        why = f"{why}; {host}" if host else why
+    # The data-parallel engine's form of the same checkpointing (FSDP2: fsdp_config): issue 17.
+    settings = engine_settings(
+        trainer_settings(granularity, version), granularity, version, parsed_workload
+    )
+    how = engine_sentence(granularity, parsed_workload) or _how(
+        granularity, settings.hooks, version_text
+    )
     return Plan(
         tier=parsed,
         granularity=granularity,
         training_arguments=settings.training_arguments,
         hooks=settings.hooks,
         description=description,
-        reason=f"{why}; {_how(granularity, settings.hooks, version_text)}",
+        reason=f"{why}; {how}",
         gpu_memory_gb=memory,
         gpu=gpu_name,
         transformers_version=version_text,

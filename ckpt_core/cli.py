@@ -40,6 +40,8 @@ examples:
   ckpt resolve --tier auto --gpu A100-80GB
   ckpt resolve --tier auto --gpu-memory-gb 23.6 --transformers-version 4.57.0 --json
   ckpt resolve --tier auto --gpu H100-80GB --model llama-3.1-8b --seq-len 4096 --method lora
+  ckpt resolve --tier auto --gpu H100-80GB --model llama-3.1-70b --seq-len 8192 --method lora \
+      --world-size 8 --sharding zero3
   ckpt describe --tier medium
   ckpt dry-run --model ./config.json --tier selective --json
   ckpt presets
@@ -61,6 +63,13 @@ _WORKLOAD_FLAGS: tuple[tuple[str, type], ...] = (
     ("optimizer", str),
     ("attention", str),
     ("headroom", float),
+    ("world_size", int),
+    ("sharding", str),
+    ("engine", str),
+    ("offload", str),
+    ("gpus_per_node", int),
+    ("hybrid", bool),
+    ("host_memory_gb", float),
 )
 
 
@@ -72,6 +81,18 @@ _API_NAMES: tuple[str, ...] = (
     "transformers_version",
     *(name for name, _ in _WORKLOAD_FLAGS),
 )
+
+
+_FLAG_HELP: dict[str, str] = {
+    "lora_targets": "comma-separated module names",
+    "world_size": "GPUs in the data-parallel group (1)",
+    "sharding": "none (DDP) | zero1 | zero2 | zero3 (FSDP FULL_SHARD)",
+    "engine": "torch (DDP / FSDP2) | deepspeed",
+    "offload": "none | optimizer (DeepSpeed) | all (parameters too)",
+    "gpus_per_node": "GPUs sharing one host (with --host-memory-gb or --hybrid)",
+    "hybrid": "shard within each node, replicate across nodes (zero3)",
+    "host_memory_gb": "host memory per node in GiB, checked against offload",
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -157,8 +178,10 @@ def _add_workload_args(
         if names is not None and name not in names:
             continue
         flag = "--" + name.replace("_", "-")
-        help_text = "comma-separated module names" if name == "lora_targets" else None
-        group.add_argument(flag, type=kind, help=help_text)
+        if kind is bool:  # a switch; absent means the workload's default
+            group.add_argument(flag, action="store_const", const=True, help=_FLAG_HELP.get(name))
+            continue
+        group.add_argument(flag, type=kind, help=_FLAG_HELP.get(name))
 
 
 def _add_service_args(parser: argparse.ArgumentParser) -> None:

@@ -23,6 +23,7 @@ SLOW_MODULES: Final = frozenset(
         "test_shutdown",
         "test_service_uvicorn",
         "test_hostile",
+        "test_distributed_gloo",
     }
 )
 

@@ -40,6 +40,7 @@ from ckpt_core._memory.flops import recompute_ratio
 from ckpt_core._memory.ledger import Step
 from ckpt_core._memory.param_layout import ParamLayout
 from ckpt_core._memory.peak import Recipe
+from ckpt_core._memory.sharding import distributed_summary, per_gpu_memory
 from ckpt_core._memory.verdict import TIGHT_BANDS, tight_note, verdict
 from ckpt_core._planning.tiers import CONCRETE_TIERS
 from ckpt_core._planning.workload import Workload
@@ -135,7 +136,9 @@ def prepare(facts: Facts, workload: Workload, gpu: str | None = None) -> Run:
         adapted=targets.__contains__,  # empty for a full fine-tune
         hidden_bytes=4 if workload.compute == "autocast" else 0,
     )
-    static = static_memory(layout, workload, lora_parameters)
+    # Per GPU of the data-parallel group (the unsharded totals ride along): issue 17.
+    replica = static_memory(layout, workload, lora_parameters)
+    static = per_gpu_memory(replica, arch, layout, workload)
     return Run(facts, workload, step, static, note, recipe_for(layout, workload, static, step), gpu)
 
 
@@ -244,9 +247,7 @@ def _assumptions(
         "gpu_memory_unit": "GiB (2**30 bytes), as torch reports total memory",
         "headroom": workload.headroom,
         "budget_bytes": budget,
-        "weights_bytes": run.static.weights,
-        "gradients_bytes": run.static.gradients,
-        "optimizer_bytes": run.static.optimizer,
+        **distributed_summary(run.static, workload),  # per-GPU weights / gradients / optimizer
         "transient_bytes": {tier: item.transient_bytes for tier, item in memory.items()},
         "rules": dict(ASSUMPTIONS),
     }

@@ -101,6 +101,11 @@ class StaticMemory:
     def total(self) -> int:
         return self.weights + self.gradients + self.optimizer
 
+    @property
+    def replica_total(self) -> int:
+        """The model states of one whole replica: what the step replay allocates."""
+        return self.total
+
 
 @dataclass(frozen=True, slots=True)
 class TierMemory:
@@ -126,7 +131,7 @@ def static_memory(layout: ParamLayout, workload: Workload, lora_parameters: int)
         weights=weights,
         trainable_parameters=trainable,
         gradients=trainable * grad_bytes,
-        optimizer=int(trainable * _optimizer_bytes_per_parameter(workload.optimizer, grad_bytes)),
+        optimizer=int(trainable * optimizer_bytes_per_parameter(workload.optimizer, grad_bytes)),
     )
 
 
@@ -146,7 +151,7 @@ def _weight_bytes(layout: ParamLayout, workload: Workload) -> int:
     return int(quantized * per_weight) + kept * kept_bytes
 
 
-def _optimizer_bytes_per_parameter(optimizer: str, param_bytes: int) -> float:
+def optimizer_bytes_per_parameter(optimizer: str, param_bytes: int) -> float:
     if optimizer == "adamw":
         return 2 * param_bytes
     if optimizer == "adamw_8bit":
@@ -218,13 +223,18 @@ def tier_memory(
     activations = activation_bytes(arch, step, tier)
     transient = transient_bytes(arch, step, tier)
     recipe = recipe or Recipe(gradients=static.gradients, gradients_held=True)
-    moments = allocated_moments(arch, step, tier, static.weights + static.optimizer, recipe)
+    # Everything resident but the gradients (sharded states, gathered units, buckets).
+    resident = static.total - static.gradients
+    moments = allocated_moments(arch, step, tier, resident, recipe)
     allocated = max(moments.values())
     if recipe.trace is None or not replay:
         reserved = -(-allocated // ROUND_LARGE) * ROUND_LARGE
     else:
         simulated, reserved = simulate(arch, tier, recipe.trace)
-        if _replayed_exactly(arch):
+        # The replay holds one whole replica: a GPU of a sharded group (its share, the
+        # gathered units, the buckets) takes the closed-form peak, and the replay's
+        # fragmentation on top.
+        if _replayed_exactly(arch) and static.total == static.replica_total:
             allocated = simulated
         reserved = allocated + reserved - simulated
     allocated += WORKSPACE_BYTES

@@ -22,6 +22,9 @@ Attention = Literal["sdpa", "flash_attention_2", "eager"]
 KbitPreparation = Literal["peft", "none"]
 Compute = Literal["loaded", "autocast"]
 Gradients = Literal["set_to_none", "accumulate"]
+Sharding = Literal["none", "zero1", "zero2", "zero3"]
+Engine = Literal["torch", "deepspeed"]
+Offload = Literal["none", "optimizer", "all"]
 
 DTYPES: Final[tuple[str, ...]] = ("bf16", "fp16", "fp32")
 WEIGHT_STORAGES: Final[tuple[str, ...]] = ("bf16", "fp16", "fp32", "int8", "nf4")
@@ -32,11 +35,16 @@ KBIT_PREPARATIONS: Final[tuple[str, ...]] = ("peft", "none")
 COMPUTES: Final[tuple[str, ...]] = ("loaded", "autocast")
 GRADIENTS: Final[tuple[str, ...]] = ("set_to_none", "accumulate")
 QUANTIZED: Final[tuple[str, ...]] = ("int8", "nf4")
+SHARDINGS: Final[tuple[str, ...]] = ("none", "zero1", "zero2", "zero3")
+ENGINES: Final[tuple[str, ...]] = ("torch", "deepspeed")
+OFFLOADS: Final[tuple[str, ...]] = ("none", "optimizer", "all")
 
 MAX_SEQ_LEN: Final = 1 << 21  # 2M tokens: beyond any released context window
 MAX_MICRO_BATCH: Final = 4096
 MAX_LORA_RANK: Final = 4096
 MAX_HEADROOM: Final = 0.9
+MAX_WORLD_SIZE: Final = 1 << 16
+MAX_HOST_MEMORY_GB: Final = 1 << 16  # GiB per node: a larger value is bytes or MiB by mistake
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +67,14 @@ class Workload:
     compute: Compute = "loaded"  # weights loaded in dtype, or fp32 weights + autocast to dtype
     gradients: Gradients = "set_to_none"  # zero_grad(set_to_none=True) each step, or accumulate
     logits_held: bool = True  # the step's output (logits) stays referenced through backward
+    # Distributed data parallelism (`ckpt_core._memory.sharding`); checked by `_check_distributed`.
+    world_size: int = 1  # GPUs in the data-parallel group
+    sharding: Sharding = "none"  # none: DDP (or one GPU); zero1/2/3: ZeRO stages, zero3 = FSDP
+    engine: Engine = "torch"  # torch: DDP / FSDP2; deepspeed: DeepSpeed ZeRO
+    offload: Offload = "none"  # optimizer: optimizer states (DeepSpeed); all: parameters too
+    gpus_per_node: int | None = None  # GPUs sharing one host (needed with host_memory_gb)
+    hybrid: bool = False  # shard within a node of gpus_per_node GPUs, replicate across nodes
+    host_memory_gb: float | None = None  # host memory per node (GiB), checked against offload
 
     def __post_init__(self) -> None:
         _check_int("seq_len", self.seq_len, MAX_SEQ_LEN)
@@ -95,6 +111,7 @@ class Workload:
                 f"{self.weights!r} would be loaded in the compute dtype: use compute 'loaded'",
                 field="workload.compute",
             )
+        _check_distributed(self)
 
     @property
     def weight_storage(self) -> WeightStorage:
@@ -193,4 +210,76 @@ def _check_headroom(headroom: object) -> None:
         raise InvalidWorkloadError(
             f"headroom must be a fraction between 0 and {MAX_HEADROOM}, got {headroom!r}",
             field="workload.headroom",
+        )
+
+
+def _check_distributed(workload: Workload) -> None:
+    """The data-parallel fields, alone and together: combinations no engine runs are errors."""
+    _check_int("world_size", workload.world_size, MAX_WORLD_SIZE)
+    _check_choice("sharding", workload.sharding, SHARDINGS)
+    _check_choice("engine", workload.engine, ENGINES)
+    _check_choice("offload", workload.offload, OFFLOADS)
+    if not isinstance(workload.hybrid, bool):
+        raise InvalidWorkloadError(
+            f"hybrid must be true or false, got {workload.hybrid!r}", field="workload.hybrid"
+        )
+    per_node = workload.gpus_per_node
+    if per_node is not None:
+        _check_int("gpus_per_node", per_node, MAX_WORLD_SIZE)
+        if workload.world_size % per_node:
+            raise InvalidWorkloadError(
+                f"gpus_per_node {per_node} must divide world_size {workload.world_size}",
+                field="workload.gpus_per_node",
+            )
+    if workload.hybrid and (per_node is None or workload.sharding != "zero3"):
+        raise InvalidWorkloadError(
+            "hybrid sharding shards within a node and replicates across nodes (FSDP2 HSDP, "
+            "DeepSpeed MiCS): it needs gpus_per_node and sharding 'zero3'",
+            field="workload.hybrid",
+        )
+    host = workload.host_memory_gb
+    if host is not None and not (
+        not isinstance(host, bool)
+        and isinstance(host, int | float)
+        and math.isfinite(host)
+        and 0 < host <= MAX_HOST_MEMORY_GB
+    ):
+        raise InvalidWorkloadError(
+            f"host_memory_gb must be a number of GiB between 0 and {MAX_HOST_MEMORY_GB}, "
+            f"got {host!r}",
+            field="workload.host_memory_gb",
+        )
+    if host is not None and per_node is None and workload.world_size > 1:
+        raise InvalidWorkloadError(
+            "host_memory_gb is per node: give gpus_per_node too, so the host memory that "
+            "offload needs can be added up over the GPUs that share one host",
+            field="workload.gpus_per_node",
+        )
+    _check_engine(workload)
+
+
+def _check_engine(workload: Workload) -> None:
+    """What each engine can express (DDP, FSDP2 and DeepSpeed ZeRO as documented)."""
+    sharding, offload, engine = workload.sharding, workload.offload, workload.engine
+    if offload != "none" and sharding == "none":
+        raise InvalidWorkloadError(
+            f"offload {offload!r} needs a sharding stage: DDP keeps everything on the GPU",
+            field="workload.offload",
+        )
+    if offload == "all" and sharding != "zero3":
+        raise InvalidWorkloadError(
+            "offload 'all' moves sharded parameters to the host: it needs sharding 'zero3'",
+            field="workload.offload",
+        )
+    if engine == "torch" and sharding == "zero1":
+        raise InvalidWorkloadError(
+            "engine 'torch' has no ZeRO-1 under the HF Trainer: use sharding 'zero2' / 'zero3' "
+            "(FSDP2) or engine 'deepspeed'",
+            field="workload.sharding",
+        )
+    if engine == "torch" and offload == "optimizer":
+        raise InvalidWorkloadError(
+            "FSDP2's CPUOffloadPolicy offloads parameters, gradients and optimizer states "
+            "together: use offload 'all', or engine 'deepspeed' for ZeRO-Offload of the optimizer",
+            field="workload.offload",
         )

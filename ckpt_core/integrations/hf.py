@@ -6,7 +6,9 @@ A plan has two halves and a worker needs both:
    `merge_training_arguments` folds them into the worker's kwargs; the plan
    wins for the checkpointing keys and every user value it overrides is
    reported, because a silently ignored ``gradient_checkpointing=True`` is how
-   jobs end up checkpointing twice or not at all.
+   jobs end up checkpointing twice or not at all.  FSDP plans also set ``fsdp``
+   and the keys of ``fsdp_config`` they decide (``activation_checkpointing``,
+   resharding, offload); the worker's other ``fsdp_config`` keys are kept.
 2. Hooks (``plan.hooks``: selective, or medium on releases without
    ``every_n_layers``): `CheckpointPlanCallback` installs them at train begin
    on the model the Trainer actually trains - after PEFT wrapping (TRL wraps
@@ -94,9 +96,41 @@ def merge_training_arguments(
         if key in user_kwargs
         and (conflict := _conflict(key, user_kwargs[key], plan.training_arguments)) is not None
     ]
+    conflicts += _merge_fsdp(user_kwargs, plan.training_arguments, merged)
     for conflict in conflicts:
         warnings.warn(str(conflict), PlanConflictWarning, stacklevel=2)
     return merged, conflicts
+
+
+def _merge_fsdp(
+    user_kwargs: Mapping[str, Any], plan_kwargs: Mapping[str, Any], merged: dict[str, Any]
+) -> list[Conflict]:
+    """FSDP plans: the plan's ``fsdp`` and ``fsdp_config`` keys win, the user's other keys stay.
+
+    An ``fsdp_config`` given as a path to a JSON file is read, as TrainingArguments would.
+    """
+    if "fsdp_config" not in plan_kwargs:
+        return []
+    conflicts = []
+    user_fsdp = user_kwargs.get("fsdp")
+    if user_fsdp not in (None, False, "") and user_fsdp != plan_kwargs["fsdp"]:
+        conflicts.append(Conflict("fsdp", user_fsdp, "fsdp", plan_kwargs["fsdp"]))
+    user_config = user_kwargs.get("fsdp_config") or {}
+    if isinstance(user_config, str):
+        import json
+        from pathlib import Path
+
+        user_config = json.loads(Path(user_config).read_text(encoding="utf-8"))
+    # TrainingArguments strips a leading "fsdp_" from the keys: compare in its names.
+    user_config = {k.removeprefix("fsdp_"): copy.deepcopy(v) for k, v in user_config.items()}
+    plan_config = plan_kwargs["fsdp_config"]
+    conflicts += [
+        Conflict(f"fsdp_config.{key}", value, f"fsdp_config.{key}", plan_config[key])
+        for key, value in user_config.items()
+        if key in plan_config and value != plan_config[key]
+    ]
+    merged["fsdp_config"] = {**user_config, **copy.deepcopy(plan_config)}
+    return conflicts
 
 
 def _conflict(key: str, user_value: Any, plan_kwargs: Mapping[str, Any]) -> Conflict | None:
