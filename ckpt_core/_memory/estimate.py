@@ -37,12 +37,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from ckpt_core._memory.activations import activation_bytes
+from ckpt_core._memory.activations import Assignment, activation_bytes
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.ledger import Step
 from ckpt_core._memory.param_layout import ParamLayout
 from ckpt_core._memory.transient import transient_bytes
-from ckpt_core._planning.tiers import CONCRETE_TIERS, ConcreteTier
+from ckpt_core._planning.tiers import CONCRETE_TIERS
 from ckpt_core._planning.workload import Workload
 
 GIB: Final = 1 << 30
@@ -93,7 +93,7 @@ class StaticMemory:
 
 @dataclass(frozen=True, slots=True)
 class TierMemory:
-    """One tier's activation bytes and estimated peak (bytes)."""
+    """One assignment's (a tier's) activation bytes and estimated peak (bytes)."""
 
     activation_bytes: int
     transient_bytes: int
@@ -139,10 +139,14 @@ def _optimizer_bytes_per_parameter(optimizer: str, param_bytes: int) -> float:
     return 0.0
 
 
-def tier_memory(arch: Arch, step: Step, tier: ConcreteTier, static: StaticMemory) -> TierMemory:
-    """Activations (closed form), transient, allowance and the peak for one tier."""
-    activations = activation_bytes(arch, step, tier)
-    transient = transient_bytes(arch, step, tier)
+def tier_memory(arch: Arch, step: Step, assignment: Assignment, static: StaticMemory) -> TierMemory:
+    """Activations (closed form), transient, allowance and the peak for one assignment.
+
+    The one peak function: the tiers' estimate, ``auto``'s search over
+    block-level plans and the alternatives all call it.
+    """
+    activations = activation_bytes(arch, step, assignment)
+    transient = transient_bytes(arch, step, assignment)
     allocated = static.total + activations + transient
     peak = int(allocated * (1 + FRAGMENTATION)) + CONTEXT_BYTES
     return TierMemory(activations, transient, peak)
