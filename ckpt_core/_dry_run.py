@@ -21,7 +21,7 @@ from ckpt_core._configs.config_json import ConfigLimits
 from ckpt_core._configs.model_config import build_meta_model, count_parameters, load_model_config
 from ckpt_core._errors import InvalidWorkloadError
 from ckpt_core._plan import make_plan
-from ckpt_core._planning.tiers import Granularity, Tier
+from ckpt_core._planning.tiers import PlanGranularity, Tier, parse_tier
 from ckpt_core._planning.workload import Workload
 
 if TYPE_CHECKING:
@@ -40,10 +40,14 @@ class DryRunReport:
     given transformers version (the worker installs no hooks); ``modules``
     then still lists the blocks HF wraps.  ``measured`` is None, or the
     activation bytes of one forward with labels for the requested shape.
+    ``reason`` says how the granularity was chosen: for ``auto`` with a
+    measurement shape, as `make_plan` chooses for that workload (model-aware,
+    ``block_plan`` set when it chose blocks between the tiers); without one,
+    by the VRAM thresholds.
     """
 
     tier: Tier
-    granularity: Granularity | None
+    granularity: PlanGranularity | None
     model_type: str
     architecture: str
     parameters: int
@@ -53,6 +57,8 @@ class DryRunReport:
     native: bool
     measured: dict[str, Any] | None
     elapsed_ms: float
+    reason: str = ""
+    block_plan: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -78,12 +84,21 @@ def dry_run(
     the input at fault (tier, GPU, model config, measure fields).
     """
     started = time.perf_counter()
-    plan = make_plan(tier, gpu_memory_gb, gpu=gpu, transformers_version=transformers_version)
     shape = measure_shape(measure)
     cfg = load_model_config(model, limits=limits)
+    # auto with a shape chooses by the model, as make_plan does for that workload
+    by_model = shape is not None and parse_tier(tier) == "auto"
+    plan = make_plan(
+        tier,
+        gpu_memory_gb,
+        gpu=gpu,
+        transformers_version=transformers_version,
+        model=cfg if by_model else None,
+        workload=shape if by_model else None,
+    )
     built = build_meta_model(cfg, attention=shape.attention if shape else None, limits=limits)
-    blocks, modules = _cover(built, plan.granularity)
-    measured = _measure(built, plan.granularity, shape) if shape else None
+    blocks, modules = _cover(built, plan.granularity, plan.block_plan)
+    measured = _measure(built, plan.granularity, shape, plan.block_plan) if shape else None
     return DryRunReport(
         tier=plan.tier,
         granularity=plan.granularity,
@@ -96,10 +111,14 @@ def dry_run(
         native=plan.granularity is not None and plan.hooks is None,
         measured=measured,
         elapsed_ms=round((time.perf_counter() - started) * 1000, 1),
+        reason=plan.reason,
+        block_plan=plan.block_plan,
     )
 
 
-def _cover(model: nn.Module, granularity: Granularity | None) -> tuple[int, tuple[str, ...]]:
+def _cover(
+    model: nn.Module, granularity: PlanGranularity | None, block_plan: dict[str, Any] | None
+) -> tuple[int, tuple[str, ...]]:
     """(number of blocks, names of the modules the granularity checkpoints)."""
     if granularity is None:
         from ckpt_core._hooks.blocks import find_blocks
@@ -107,7 +126,7 @@ def _cover(model: nn.Module, granularity: Granularity | None) -> tuple[int, tupl
         return sum(len(stack) for stack in find_blocks(model).values()), ()
     from ckpt_core._hooks.install import install_checkpoint_hooks
 
-    report = install_checkpoint_hooks(model, granularity)
+    report = install_checkpoint_hooks(model, granularity, block_plan=block_plan)
     return len(report.blocks), report.hooked
 
 
@@ -137,7 +156,12 @@ def _as_measure_errors() -> Iterator[None]:
         raise InvalidWorkloadError(exc.message.replace("workload", "measure"), field=field) from exc
 
 
-def _measure(model: nn.Module, granularity: Granularity | None, shape: Workload) -> dict[str, Any]:
+def _measure(
+    model: nn.Module,
+    granularity: PlanGranularity | None,
+    shape: Workload,
+    block_plan: dict[str, Any] | None,
+) -> dict[str, Any]:
     """Activation bytes of ``model`` for ``shape``, by the meta-device measurement.
 
     The model already carries the hooks of ``granularity``; the measurement
@@ -147,5 +171,7 @@ def _measure(model: nn.Module, granularity: Granularity | None, shape: Workload)
 
     requested = {f.name: getattr(shape, f.name) for f in fields(shape) if f.name in MEASURE_FIELDS}
     with _as_measure_errors():  # e.g. seq_len beyond GPT-2's learned positions
-        activation_bytes = measure_activation_bytes(model, granularity, **requested)
+        activation_bytes = measure_activation_bytes(
+            model, granularity, block_plan=block_plan, **requested
+        )
     return {"activation_bytes": int(activation_bytes), **requested}

@@ -12,11 +12,12 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ckpt_core._errors import ModelConfigError
+from ckpt_core._planning.block_plan import BlockPlan
 from ckpt_core._planning.gpus import gpu_memory_for, lookup_gpu
 from ckpt_core._planning.tiers import (
     AUTO_FULL_THRESHOLD_GB,
     AUTO_SELECTIVE_THRESHOLD_GB,
-    Granularity,
+    PlanGranularity,
     Tier,
     describe,
     granularity_for,
@@ -43,14 +44,19 @@ class Plan:
     """What to do for one training job: JSON-serialisable via `to_dict`.
 
     ``training_arguments`` goes into ``TrainingArguments(**...)``; ``hooks``
-    (``"medium"`` / ``"selective"`` / ``None``) is the granularity the worker
+    (``"medium"`` / ``"selective"`` / ``"blocks"`` / ``None``) is the granularity the worker
     must install with `install_checkpoint_hooks` after PEFT wrapping.
     ``estimate`` is the per-tier memory estimate when a model was given;
     ``gpu`` is the canonical GPU-table name when the caller named a GPU.
+    ``block_plan`` is set when ``auto`` chose a plan between the tiers
+    (granularity ``"blocks"``): ``{"blocks": N, "full": [...], "selective":
+    [...], "every_n_layers": N | None}``, blocks numbered by HF's cross-stack
+    counter (`BlockPlan`); HF does it when ``every_n_layers`` is set and the
+    release knows the kwarg, else the worker's ``"blocks"`` hooks do.
     """
 
     tier: Tier
-    granularity: Granularity | None
+    granularity: PlanGranularity | None
     training_arguments: dict[str, Any]
     hooks: HookKind | None
     description: str
@@ -59,6 +65,7 @@ class Plan:
     gpu: str | None = None
     transformers_version: str = ASSUMED_TRANSFORMERS_VERSION
     estimate: dict[str, Any] | None = field(default=None)
+    block_plan: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A plain-JSON dict (deep copy: mutating it never changes the plan)."""
@@ -103,6 +110,7 @@ def make_plan(
     version = parse_transformers_version(version_text)
     gpu_name = lookup_gpu(gpu).name if gpu is not None else None
     estimate: dict[str, Any] | None = None
+    block_plan: BlockPlan | None = None
     if model is None:
         if workload is not None:
             raise ModelConfigError(
@@ -117,23 +125,25 @@ def make_plan(
         advice = advise(parsed, model, workload, memory)
         granularity, why = advice.granularity, advice.reason  # type: ignore[assignment]
         description, estimate = advice.description, advice.estimate
-    settings = trainer_settings(granularity, version)
+        block_plan = advice.block_plan
+    settings = trainer_settings(granularity, version, block_plan)
     return Plan(
         tier=parsed,
         granularity=granularity,
         training_arguments=settings.training_arguments,
         hooks=settings.hooks,
         description=description,
-        reason=f"{why}; {_how(granularity, settings.hooks, version_text)}",
+        reason=f"{why}; {_how(granularity, settings.hooks, version_text, block_plan)}",
         gpu_memory_gb=memory,
         gpu=gpu_name,
         transformers_version=version_text,
         estimate=estimate,
+        block_plan=None if block_plan is None else block_plan.to_dict(),
     )
 
 
 def _why_granularity(
-    tier: Tier, granularity: Granularity | None, memory: float | None, gpu: str | None
+    tier: Tier, granularity: PlanGranularity | None, memory: float | None, gpu: str | None
 ) -> str:
     if tier != "auto":
         return f"tier {tier!r} requested"
@@ -149,8 +159,15 @@ def _why_granularity(
     return f"auto with {memory:g} GiB{where} {rule} -> {granularity} (VRAM thresholds, no model)"
 
 
-def _how(granularity: Granularity | None, hooks: HookKind | None, version_text: str) -> str:
+def _how(
+    granularity: PlanGranularity | None,
+    hooks: HookKind | None,
+    version_text: str,
+    block_plan: BlockPlan | None = None,
+) -> str:
     version = f"transformers {version_text}"
+    if block_plan is not None:
+        return _how_blocks(block_plan, hooks, version)
     if granularity is None:
         return f"HF checkpointing explicitly off ({version})"
     if granularity == "full":
@@ -164,3 +181,16 @@ def _how(granularity: Granularity | None, hooks: HookKind | None, version_text: 
             "worker installs medium hooks (every other block)"
         )
     return f"HF off, worker installs selective hooks on the attention modules ({version})"
+
+
+def _how_blocks(plan: BlockPlan, hooks: HookKind | None, version: str) -> str:
+    if hooks is None:
+        return (
+            f"HF checkpoints every {plan.every_n_layers}th block via "
+            f"every_n_layers={plan.every_n_layers} ({version})"
+        )
+    selective = f", attention of blocks {list(plan.selective)}" if plan.selective else ""
+    return (
+        f"HF off, worker installs blocks hooks (plan.block_plan): whole blocks "
+        f"{list(plan.full)}{selective}, numbered across stacks as HF counts them ({version})"
+    )

@@ -4,13 +4,17 @@
 `ModelConfig`) and a workload into the estimate every answer carries::
 
     {"assumptions": {...}, "tiers": {"off" | "selective" | "medium" | "full":
-        {"activation_bytes", "peak_bytes", "recompute_flops_ratio", "fits"}}}
+        {"activation_bytes", "peak_bytes", "recompute_flops_ratio", "fits"}},
+     "chosen": {"granularity", "blocks_checkpointed", "blocks_selective", "blocks",
+        "activation_bytes", "peak_bytes", "recompute_flops_ratio", "fits"},
+     "alternatives": [...]}  # auto only, when nothing fits
 
-`choose` picks ``auto``'s tier: the cheapest in recompute order off <
-selective < medium < full whose peak fits ``gpu_memory x (1 - headroom)``.
-When nothing fits it says so, with the numbers and what would fit (computed:
-the longest sequence, the largest micro-batch, LoRA, 4-bit QLoRA).  Without
-GPU memory it chooses full, the safe choice, and says why.
+`choose` picks ``auto``'s plan: the least recompute FLOPs ratio, among the
+four tiers and the block-level plans between them (`search.cheapest_fit`),
+whose peak fits ``gpu_memory x (1 - headroom)``.  When nothing fits it says
+so, with the numbers and the nearest workloads that fit
+(`alternatives.alternatives`).  Without GPU memory it chooses full, the safe
+choice, and says why.
 
 Nothing here builds a model or imports torch: the config is parsed once per
 config key (cached) and the rest is arithmetic.
@@ -19,25 +23,19 @@ config key (cached) and the rest is arithmetic.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Final
 
 from ckpt_core._errors import InvalidWorkloadError
+from ckpt_core._memory.alternatives import Alternative, alternatives, judge_for
 from ckpt_core._memory.arch import Arch
-from ckpt_core._memory.estimate import (
-    ASSUMPTIONS,
-    DTYPE_BYTES,
-    GIB,
-    StaticMemory,
-    all_tiers,
-    static_memory,
-    tier_memory,
-)
+from ckpt_core._memory.estimate import ASSUMPTIONS, DTYPE_BYTES, GIB, StaticMemory, static_memory
 from ckpt_core._memory.families import NO_FLASH, NO_SDPA, arch_of, param_layout
-from ckpt_core._memory.flops import recompute_ratio
 from ckpt_core._memory.ledger import Step
 from ckpt_core._memory.param_layout import ParamLayout
-from ckpt_core._planning.tiers import CONCRETE_TIERS
+from ckpt_core._memory.placement import place
+from ckpt_core._memory.search import Candidate, cheapest_fit, granularity_of, tier_candidates
+from ckpt_core._planning.block_plan import BlockPlan
 from ckpt_core._planning.workload import Workload
 
 # The attention kernel kinds of the activation model, by requested implementation.
@@ -57,10 +55,13 @@ class Facts:
 
 @dataclass(frozen=True, slots=True)
 class Choice:
-    """``auto``'s tier (None = off) and the sentence that justifies it."""
+    """``auto``'s plan (None = off, a tier, or ``"blocks"``) and the sentence that justifies it."""
 
     granularity: str | None
     reason: str
+    candidate: Candidate
+    block_plan: BlockPlan | None = None
+    alternatives: tuple[Alternative, ...] = ()
 
 
 _FACTS: dict[str, Facts] = {}  # config key -> facts; bounded, oldest dropped first
@@ -176,20 +177,36 @@ def _attention(arch: Arch, requested: str) -> tuple[str, str]:
     return _KERNEL[effective], note
 
 
-def estimate_tiers(run: Run, gpu_memory_gb: float | None) -> dict[str, Any]:
+def estimate_tiers(
+    run: Run, gpu_memory_gb: float | None, tiers: Mapping[str, Candidate]
+) -> dict[str, Any]:
     """The estimate dict: assumptions and, per tier, activations, peak, FLOPs ratio, fits."""
     budget = _budget(gpu_memory_gb, run.workload.headroom)
-    memory = all_tiers(run.facts.arch, run.step, run.static)
-    tiers = {
+    rows = {
         tier: {
-            "activation_bytes": item.activation_bytes,
-            "peak_bytes": item.peak_bytes,
-            "recompute_flops_ratio": round(recompute_ratio(run.facts.arch, run.step, tier), 4),
-            "fits": None if budget is None else item.peak_bytes <= budget,
+            "activation_bytes": c.memory.activation_bytes,
+            "peak_bytes": c.memory.peak_bytes,
+            "recompute_flops_ratio": round(c.ratio, 4),
+            "fits": None if budget is None else c.memory.peak_bytes <= budget,
         }
-        for tier, item in memory.items()
+        for tier, c in tiers.items()
     }
-    return {"assumptions": _assumptions(run, gpu_memory_gb, budget, memory), "tiers": tiers}
+    memory = {tier: c.memory for tier, c in tiers.items()}
+    return {"assumptions": _assumptions(run, gpu_memory_gb, budget, memory), "tiers": rows}
+
+
+def chosen_row(candidate: Candidate, budget: int | None) -> dict[str, Any]:
+    """``estimate["chosen"]``: what the answer does and what it costs, next to the tiers."""
+    return {
+        "granularity": granularity_of(candidate),
+        "blocks_checkpointed": candidate.blocks_in("full"),
+        "blocks_selective": candidate.blocks_in("selective"),
+        "blocks": sum(n for _, n in candidate.counts),
+        "activation_bytes": candidate.memory.activation_bytes,
+        "peak_bytes": candidate.memory.peak_bytes,
+        "recompute_flops_ratio": round(candidate.ratio, 4),
+        "fits": None if budget is None else candidate.memory.peak_bytes <= budget,
+    }
 
 
 def _budget(gpu_memory_gb: float | None, headroom: float) -> int | None:
@@ -224,30 +241,74 @@ def _assumptions(
     }
 
 
-def choose(run: Run, estimate: Mapping[str, Any], gpu_memory_gb: float | None) -> Choice:
-    """``auto`` with a model: the cheapest tier that fits, or full with the reason why."""
-    tiers = estimate["tiers"]
+def choose(
+    run: Run, estimate: Mapping[str, Any], gpu_memory_gb: float | None, tiers: dict[str, Candidate]
+) -> Choice:
+    """``auto`` with a model: the least recompute that fits, or full with the reason why."""
     if gpu_memory_gb is None:
         return Choice(
             "full",
             "auto with a model but no GPU memory: full, the safe choice (the estimate lists "
             "each tier's peak; pass gpu_memory_gb or gpu to choose by it)",
+            tiers["full"],
         )
+    arch, step, static = run.facts.arch, run.step, run.static
     budget = estimate["assumptions"]["budget_bytes"]
     where = f"{_gib(budget)} usable of {gpu_memory_gb:.1f} GiB (headroom {run.workload.headroom:g})"
-    for tier in CONCRETE_TIERS:
-        if tiers[tier]["fits"]:
-            chosen = None if tier == "off" else tier
-            reason = (
-                f"auto: {tier} is the cheapest tier that fits, estimated peak "
-                f"{_gib(tiers[tier]['peak_bytes'])} <= {where}"
-            )
-            return Choice(chosen, reason + selective_note(run, estimate, tier))
+    best = cheapest_fit(arch, step, static, budget, tiers)
+    if best is None:
+        judge = judge_for(lambda workload: prepare(run.facts, workload), budget)
+        options = tuple(alternatives(run.workload, judge))
+        reason = (
+            f"auto: nothing fits - even full needs an estimated "
+            f"{_gib(tiers['full'].memory.peak_bytes)} > {where}; {_options_text(run, options)}"
+        )
+        return Choice("full", reason, tiers["full"], alternatives=options)
+    name = granularity_of(best)
+    block_plan = place(arch, best.counts) if best.tier is None else None
     reason = (
-        f"auto: nothing fits - even full needs an estimated {_gib(tiers['full']['peak_bytes'])} "
-        f"> {where}; {_what_would_fit(run, budget)}"
+        f"auto: {_label(best)} has the least recompute that fits "
+        f"({best.ratio:.4f}x the FLOPs of no checkpointing{_next_to_tiers(best, tiers, budget)}), "
+        f"estimated peak {_gib(best.memory.peak_bytes)} <= {where}"
     )
-    return Choice("full", reason)
+    granularity = None if name == "off" else name
+    return Choice(granularity, reason + selective_note(run, estimate, name), best, block_plan)
+
+
+def _label(candidate: Candidate) -> str:
+    if candidate.tier is not None:
+        return candidate.tier
+    blocks = sum(n for _, n in candidate.counts)
+    label = f"a block-level plan checkpointing {candidate.blocks_in('full')} of {blocks} blocks"
+    selective = candidate.blocks_in("selective")
+    return label + (f" and the attention of {selective} more" if selective else "")
+
+
+def _next_to_tiers(best: Candidate, tiers: Mapping[str, Candidate], budget: int) -> str:
+    fitting = [c for c in tiers.values() if c.memory.peak_bytes <= budget and c is not best]
+    if best.tier is not None or not fitting:
+        return ""
+    cheapest = min(fitting, key=lambda c: c.ratio)
+    return f"; the cheapest tier that fits, {cheapest.tier}, costs {cheapest.ratio:.4f}x"
+
+
+def _options_text(run: Run, options: tuple[Alternative, ...]) -> str:
+    if not options:
+        return (
+            "no lighter method (LoRA, QLoRA), shorter sequence or smaller micro-batch fits: "
+            f"weights, gradients and optimizer states alone take {_gib(run.static.total)}"
+        )
+    parts = []
+    for option in options:
+        row = option.to_dict(run.workload)
+        changes = ", ".join(f"{key} {value}" for key, value in row["changes"].items())
+        if "gradient_accumulation_factor" in row:
+            changes += f" (gradient accumulation x{row['gradient_accumulation_factor']})"
+        parts.append(
+            f"{changes} fits with {_label(option.candidate)} "
+            f"({row['recompute_flops_ratio']:.4f}x FLOPs, peak {_gib(row['peak_bytes'])})"
+        )
+    return "what would fit: " + "; ".join(parts)
 
 
 def selective_note(run: Run, estimate: Mapping[str, Any], chosen: str) -> str:
@@ -265,68 +326,6 @@ def selective_note(run: Run, estimate: Mapping[str, Any], chosen: str) -> str:
     )
 
 
-def _what_would_fit(run: Run, budget: int) -> str:
-    """Computed alternatives: shorter sequence, smaller micro-batch, LoRA, 4-bit."""
-    workload = run.workload
-    options = []
-    seq = _largest(lambda s: replace(workload, seq_len=s), workload.seq_len - 1, run, budget)
-    if seq:
-        options.append(f"seq_len <= {seq} fits with full")
-    if workload.micro_batch_size > 1:
-        batch = _largest(
-            lambda b: replace(workload, micro_batch_size=b),
-            workload.micro_batch_size - 1,
-            run,
-            budget,
-        )
-        if batch:
-            options.append(f"micro_batch_size <= {batch} fits with full")
-    for label, changed in _cheaper_methods(workload):
-        tier = _first_fitting(run, changed, budget)
-        if tier:
-            options.append(f"{label} fits with {tier}")
-    if not options:
-        return (
-            f"no shorter sequence, smaller micro-batch, LoRA or 4-bit setting fits: weights, "
-            f"gradients and optimizer states alone take {_gib(run.static.total)}"
-        )
-    return "what would fit: " + "; ".join(options)
-
-
-def _cheaper_methods(workload: Workload) -> list[tuple[str, Workload]]:
-    methods = []
-    if workload.method == "full":
-        methods.append(("LoRA (bf16 base)", replace(workload, method="lora", weights=None)))
-    if workload.method != "qlora" or workload.weight_storage != "nf4":
-        methods.append(("QLoRA (4-bit nf4 base)", replace(workload, method="qlora", weights="nf4")))
-    return methods
-
-
-def _full_peak(run: Run, workload: Workload) -> int:
-    other = prepare(run.facts, workload)
-    return tier_memory(other.facts.arch, other.step, "full", other.static).peak_bytes
-
-
-def _largest(make: Any, upper: int, run: Run, budget: int) -> int:
-    """The largest value in [1, upper] whose full-tier peak fits (peaks grow with it)."""
-    low, high = 0, upper
-    while low < high:
-        middle = (low + high + 1) // 2
-        if _full_peak(run, make(middle)) <= budget:
-            low = middle
-        else:
-            high = middle - 1
-    return low
-
-
-def _first_fitting(run: Run, workload: Workload, budget: int) -> str | None:
-    other = prepare(run.facts, workload)
-    for tier in CONCRETE_TIERS:
-        if tier_memory(other.facts.arch, other.step, tier, other.static).peak_bytes <= budget:
-            return tier
-    return None
-
-
 def _gib(nbytes: int) -> str:
     return f"{nbytes / GIB:.1f} GiB"
 
@@ -339,6 +338,7 @@ class Advice:
     reason: str
     description: str
     estimate: dict[str, Any]
+    block_plan: BlockPlan | None = None
 
 
 def advise(tier: str, model: object, workload: object, gpu_memory_gb: float | None) -> Advice:
@@ -347,17 +347,24 @@ def advise(tier: str, model: object, workload: object, gpu_memory_gb: float | No
     An explicit tier is kept as asked; the reason says whether it fits.
     """
     run = prepare(model_facts(model), parse_workload(workload))
-    estimate = estimate_tiers(run, gpu_memory_gb)
+    arch, step, static = run.facts.arch, run.step, run.static
+    tiers = tier_candidates(arch, step, static)
+    estimate = estimate_tiers(run, gpu_memory_gb, tiers)
+    budget = estimate["assumptions"]["budget_bytes"]
     if tier == "auto":
-        choice = choose(run, estimate, gpu_memory_gb)
-        chosen = choice.granularity or "off"
+        choice = choose(run, estimate, gpu_memory_gb, tiers)
+        estimate["chosen"] = chosen_row(choice.candidate, budget)
+        if choice.alternatives:
+            estimate["alternatives"] = [a.to_dict(run.workload) for a in choice.alternatives]
+        chosen = _label(choice.candidate) if choice.block_plan else choice.granularity or "off"
         description = (
-            f"auto → {chosen} (estimated for {run.facts.arch.model_type}, "
+            f"auto → {chosen} (estimated for {arch.model_type}, "
             f"seq_len {run.workload.seq_len} x micro-batch {run.workload.micro_batch_size})"
         )
-        return Advice(choice.granularity, choice.reason, description, estimate)
+        return Advice(choice.granularity, choice.reason, description, estimate, choice.block_plan)
     from ckpt_core._planning.tiers import describe
 
+    estimate["chosen"] = chosen_row(tiers[tier], budget)
     granularity = None if tier == "off" else tier
     reason = f"tier {tier!r} requested; {_fit_sentence(estimate, tier)}"
     reason += selective_note(run, estimate, tier) if tier == "selective" else ""

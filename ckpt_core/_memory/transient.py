@@ -21,6 +21,8 @@ not subtract the head's buffers, already freed by then (Llama-2-7B shape, seq
 
 from __future__ import annotations
 
+import functools
+
 from ckpt_core._memory.activations import Assignment, largest_block, mode_counts
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.families import family_of
@@ -35,6 +37,7 @@ def transient_bytes(arch: Arch, step: Step, assignment: Assignment) -> int:
     )
 
 
+@functools.lru_cache(maxsize=1024)
 def _loss_backward(arch: Arch, step: Step) -> int:
     logits = step.tokens * arch.vocab
     loss_bytes = 4 if family_of(arch).loss_in_fp32 else step.dtype_bytes
@@ -54,6 +57,7 @@ def _recomputed(arch: Arch, step: Step, assignment: Assignment) -> int:
     return max(plain - largest_block(arch, step, mode) for mode in modes)
 
 
+@functools.lru_cache(maxsize=1024)
 def _widest_gradients(arch: Arch, step: Step) -> int:
     elem_bytes, tokens = step.dtype_bytes, step.tokens
     inner = arch.intermediate * (2 if arch.glu else 1)

@@ -7,8 +7,9 @@ A plan has two halves and a worker needs both:
    wins for the checkpointing keys and every user value it overrides is
    reported, because a silently ignored ``gradient_checkpointing=True`` is how
    jobs end up checkpointing twice or not at all.
-2. Hooks (``plan.hooks``: selective, or medium on releases without
-   ``every_n_layers``): `CheckpointPlanCallback` installs them at train begin
+2. Hooks (``plan.hooks``: selective, medium on releases without
+   ``every_n_layers``, or a block-level plan's ``blocks`` with
+   ``plan.block_plan``): `CheckpointPlanCallback` installs them at train begin
    on the model the Trainer actually trains - after PEFT wrapping (TRL wraps
    inside ``SFTTrainer.__init__``) and after the Trainer has switched its own
    checkpointing on or off, before the first step - and removes them at train
@@ -133,7 +134,7 @@ def apply_plan(model: nn.Module, plan: Plan) -> HookReport | None:
     """
     if plan.hooks is None:
         return None
-    return install_checkpoint_hooks(model, plan.hooks)
+    return install_checkpoint_hooks(model, plan.hooks, block_plan=plan.block_plan)
 
 
 def remove_hooks(model: nn.Module, report: HookReport | None) -> int:
