@@ -59,7 +59,7 @@ def test_a_shorter_sequence_never_costs_more_than_the_longer_ones_plan(
         chosen.append(
             (run, cheapest_fit(a, step, static, budget, tier_candidates(a, step, static)))
         )
-    for (short, here), (_, longer) in zip(chosen, chosen[1:], strict=False):
+    for (short, here), (_, longer) in itertools.pairwise(chosen):
         if longer is None:
             continue
         a, step, static = short.facts.arch, short.step, short.static
