@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from ckpt_core import InvalidWorkloadError, ModelConfigError, make_plan
+from ckpt_core._memory.alternatives import SEQ_UNIT
 from ckpt_core._planning.tiers import auto_granularity_by_memory
 
 TIERS = ("off", "selective", "medium", "full")
@@ -104,7 +105,8 @@ def test_nothing_fits_says_so_and_its_alternatives_fit() -> None:
         factor = option.get("gradient_accumulation_factor", 1)
         assert changed["micro_batch_size"] * factor == workload["micro_batch_size"]
         if "seq_len" in option["changes"]:  # the longest that fits, not a guess
-            longer = {**changed, "seq_len": changed["seq_len"] + 1}
+            assert changed["seq_len"] % SEQ_UNIT == 0
+            longer = {**changed, "seq_len": changed["seq_len"] + SEQ_UNIT}
             assert "nothing fits" in plan(gpu_memory_gb=24, model=model, workload=longer).reason
     for option in options:  # the frontier: no option closer in every change and cheaper
         for other in options:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ckpt_core._errors import InvalidWorkloadError
-from ckpt_core._memory.alternatives import Alternative, alternatives, judge_for
+from ckpt_core._memory.alternatives import Alternative, alternatives, judges_for
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.estimate import ASSUMPTIONS, DTYPE_BYTES, GIB, StaticMemory, static_memory
 from ckpt_core._memory.families import NO_FLASH, NO_SDPA, arch_of, param_layout
@@ -257,8 +257,8 @@ def choose(
     where = f"{_gib(budget)} usable of {gpu_memory_gb:.1f} GiB (headroom {run.workload.headroom:g})"
     best = cheapest_fit(arch, step, static, budget, tiers)
     if best is None:
-        judge = judge_for(lambda workload: prepare(run.facts, workload), budget)
-        options = tuple(alternatives(run.workload, judge))
+        judge, feasible = judges_for(lambda workload: prepare(run.facts, workload), budget)
+        options = tuple(alternatives(run.workload, judge, feasible))
         reason = (
             f"auto: nothing fits - even full needs an estimated "
             f"{_gib(tiers['full'].memory.peak_bytes)} > {where}; {_options_text(run, options)}"

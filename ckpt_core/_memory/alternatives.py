@@ -7,8 +7,10 @@ fine-tune at any sequence, but does as QLoRA at a slightly shorter one):
 - method: the request's, then the lighter ones (full -> LoRA -> QLoRA nf4);
 - micro-batch: the request's, then each divisor of it, with gradient
   accumulation multiplied to keep the global batch;
-- sequence length: the request's when some plan fits, else the longest that
-  fits (peaks grow with it; found by bisection);
+- sequence length: the request's when some plan fits, else the longest
+  multiple of `SEQ_UNIT` that fits (peaks grow with it; found by bisection on the tiers' peaks: the
+  lowest peak of any assignment is a tier's - all full, all selective or off
+  - because one full block already brings full's recompute working set);
 - the plan: the least recompute that fits that workload (`search.cheapest_fit`).
 
 Of the options found, those on the frontier are kept - no other option is at
@@ -22,10 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
+from ckpt_core._memory.estimate import tier_memory
 from ckpt_core._memory.search import Candidate, cheapest_fit, granularity_of, tier_candidates
 from ckpt_core._planning.workload import Workload
 
 MAX_ALTERNATIVES: Final = 4
+# A shorter sequence is offered in multiples of this (kernels and packing like them).
+SEQ_UNIT: Final = 64
 _LIGHTNESS: Final = {"full": 0, "lora": 1, "qlora": 2}
 
 
@@ -55,15 +60,22 @@ class Alternative:
         return row
 
 
+Judge = Callable[[Workload], Candidate | None]
+
+
 def alternatives(
-    request: Workload, judge: Callable[[Workload], Candidate | None]
+    request: Workload, judge: Judge, feasible: Callable[[Workload], bool]
 ) -> list[Alternative]:
-    """The frontier of fitting workloads near ``request``; ``judge`` plans one (None: no fit)."""
+    """The frontier of fitting workloads near ``request``.
+
+    ``judge`` plans one workload (None: nothing fits); ``feasible`` says
+    cheaply whether anything fits it (the bisection's test).
+    """
     found = []
     for method_steps, workload in _methods(request):
         for divisor in _divisors(request.micro_batch_size):
             shaped = replace(workload, micro_batch_size=request.micro_batch_size // divisor)
-            option = _fitting_sequence(shaped, judge)
+            option = _fitting_sequence(shaped, judge, feasible)
             if option is not None:
                 fitted, candidate = option
                 cut = 1 - fitted.seq_len / request.seq_len
@@ -105,33 +117,41 @@ def _divisors(micro_batch: int) -> list[int]:
 
 
 def _fitting_sequence(
-    workload: Workload, judge: Callable[[Workload], Candidate | None]
+    workload: Workload, judge: Judge, feasible: Callable[[Workload], bool]
 ) -> tuple[Workload, Candidate] | None:
     """The workload at its own sequence, or the longest shorter one, where some plan fits."""
-    candidate = judge(workload)
-    if candidate is not None:
-        return workload, candidate
-    low, high = 0, workload.seq_len - 1
+    if feasible(workload):
+        return workload, judge(workload)  # type: ignore[return-value]
+    unit = SEQ_UNIT if workload.seq_len > SEQ_UNIT else 1
+    low, high = 0, (workload.seq_len - 1) // unit  # in units
     while low < high:
         middle = (low + high + 1) // 2
-        if judge(replace(workload, seq_len=middle)) is not None:
+        if feasible(replace(workload, seq_len=middle * unit)):
             low = middle
         else:
             high = middle - 1
     if low == 0:
         return None
-    shorter = replace(workload, seq_len=low)
+    shorter = replace(workload, seq_len=low * unit)
     return shorter, judge(shorter)  # type: ignore[return-value]
 
 
-def judge_for(
+def judges_for(
     prepare: Callable[[Workload], Any], budget: int
-) -> Callable[[Workload], Candidate | None]:
-    """A judge from ``prepare`` (workload -> `advise.Run`): the cheapest plan that fits, or None."""
+) -> tuple[Judge, Callable[[Workload], bool]]:
+    """From ``prepare`` (workload -> `advise.Run`): the judge and the feasibility test."""
 
     def judge(workload: Workload) -> Candidate | None:
         run = prepare(workload)
         arch, step, static = run.facts.arch, run.step, run.static
         return cheapest_fit(arch, step, static, budget, tier_candidates(arch, step, static))
 
-    return judge
+    def feasible(workload: Workload) -> bool:
+        run = prepare(workload)
+        arch, step, static = run.facts.arch, run.step, run.static
+        return any(
+            tier_memory(arch, step, tier, static).peak_bytes <= budget
+            for tier in ("full", "selective", "off")
+        )
+
+    return judge, feasible
