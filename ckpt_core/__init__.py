@@ -28,6 +28,7 @@ from ckpt_core._errors import (
     UnsupportedTransformersVersionError,
 )
 from ckpt_core._plan import Plan, make_plan
+from ckpt_core._planning.block_plan import BlockPlan
 from ckpt_core._planning.gpus import GPUS, GpuSpec, lookup_gpu
 from ckpt_core._planning.tiers import (
     AUTO_FULL_THRESHOLD_GB,
@@ -73,6 +74,7 @@ __all__ = [
     "MEASURE_FIELDS",
     "TIERS",
     "Answer",
+    "BlockPlan",
     "CheckpointConflictError",
     "CheckpointPlanCallback",
     "CkptClient",

@@ -21,7 +21,7 @@ from ckpt_core._configs.config_json import ConfigLimits
 from ckpt_core._configs.model_config import build_meta_model, count_parameters, load_model_config
 from ckpt_core._errors import InvalidWorkloadError
 from ckpt_core._plan import make_plan
-from ckpt_core._planning.tiers import PlanGranularity, Tier, parse_tier
+from ckpt_core._planning.tiers import PlanGranularity, Tier
 from ckpt_core._planning.workload import Workload
 
 if TYPE_CHECKING:
@@ -40,10 +40,10 @@ class DryRunReport:
     given transformers version (the worker installs no hooks); ``modules``
     then still lists the blocks HF wraps.  ``measured`` is None, or the
     activation bytes of one forward with labels for the requested shape.
-    ``reason`` says how the granularity was chosen: for ``auto`` with a
+    ``reason`` (``auto`` only) says how the granularity was chosen: with a
     measurement shape, as `make_plan` chooses for that workload (model-aware,
     ``block_plan`` set when it chose blocks between the tiers); without one,
-    by the VRAM thresholds.
+    by the VRAM thresholds.  Both appear in `to_dict` only when set.
     """
 
     tier: Tier
@@ -57,12 +57,15 @@ class DryRunReport:
     native: bool
     measured: dict[str, Any] | None
     elapsed_ms: float
-    reason: str = ""
+    reason: str | None = None
     block_plan: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["modules"] = list(self.modules)
+        for key in ("reason", "block_plan"):
+            if data[key] is None:
+                del data[key]
         return data
 
 
@@ -84,18 +87,19 @@ def dry_run(
     the input at fault (tier, GPU, model config, measure fields).
     """
     started = time.perf_counter()
+    # tier, GPU and version are checked before the model is loaded
+    plan = make_plan(tier, gpu_memory_gb, gpu=gpu, transformers_version=transformers_version)
     shape = measure_shape(measure)
     cfg = load_model_config(model, limits=limits)
-    # auto with a shape chooses by the model, as make_plan does for that workload
-    by_model = shape is not None and parse_tier(tier) == "auto"
-    plan = make_plan(
-        tier,
-        gpu_memory_gb,
-        gpu=gpu,
-        transformers_version=transformers_version,
-        model=cfg if by_model else None,
-        workload=shape if by_model else None,
-    )
+    if shape is not None and plan.tier == "auto":  # chosen by the model, as make_plan does
+        plan = make_plan(
+            tier,
+            gpu_memory_gb,
+            gpu=gpu,
+            transformers_version=transformers_version,
+            model=cfg,
+            workload=shape,
+        )
     built = build_meta_model(cfg, attention=shape.attention if shape else None, limits=limits)
     blocks, modules = _cover(built, plan.granularity, plan.block_plan)
     measured = _measure(built, plan.granularity, shape, plan.block_plan) if shape else None
@@ -111,7 +115,7 @@ def dry_run(
         native=plan.granularity is not None and plan.hooks is None,
         measured=measured,
         elapsed_ms=round((time.perf_counter() - started) * 1000, 1),
-        reason=plan.reason,
+        reason=plan.reason if plan.tier == "auto" else None,
         block_plan=plan.block_plan,
     )
 

@@ -25,7 +25,7 @@ from ckpt_core._planning.tiers import (
 )
 from ckpt_core._planning.training_args import (
     EVERY_N_LAYERS_SINCE,
-    HookKind,
+    PlanHookKind,
     installed_transformers_version,
     parse_transformers_version,
     trainer_settings,
@@ -58,7 +58,7 @@ class Plan:
     tier: Tier
     granularity: PlanGranularity | None
     training_arguments: dict[str, Any]
-    hooks: HookKind | None
+    hooks: PlanHookKind | None
     description: str
     reason: str
     gpu_memory_gb: float | None = None
@@ -68,8 +68,15 @@ class Plan:
     block_plan: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """A plain-JSON dict (deep copy: mutating it never changes the plan)."""
-        return asdict(self)
+        """A plain-JSON dict (deep copy: mutating it never changes the plan).
+
+        ``block_plan`` appears only when set: a tier's answer is the same JSON
+        as before block-level plans existed.
+        """
+        data = asdict(self)
+        if data["block_plan"] is None:
+            del data["block_plan"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Plan:
@@ -161,7 +168,7 @@ def _why_granularity(
 
 def _how(
     granularity: PlanGranularity | None,
-    hooks: HookKind | None,
+    hooks: PlanHookKind | None,
     version_text: str,
     block_plan: BlockPlan | None = None,
 ) -> str:
@@ -183,7 +190,7 @@ def _how(
     return f"HF off, worker installs selective hooks on the attention modules ({version})"
 
 
-def _how_blocks(plan: BlockPlan, hooks: HookKind | None, version: str) -> str:
+def _how_blocks(plan: BlockPlan, hooks: PlanHookKind | None, version: str) -> str:
     if hooks is None:
         return (
             f"HF checkpoints every {plan.every_n_layers}th block via "

@@ -33,8 +33,10 @@ ACTIVATION_NAMES_SINCE: Final[Version] = (5, 23, 0)
 
 _VERSION_RE: Final = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?(.*?)\s*$", re.ASCII)
 
-# The hooks a worker installs: a tier's, or a block-level plan's block set ("blocks").
-HookKind = Literal["medium", "selective", "blocks"]
+# The hooks a worker installs for a tier (the public name, in the service's schema) ...
+HookKind = Literal["medium", "selective"]
+# ... or for any plan: a block-level plan's block set is "blocks".
+PlanHookKind = Literal["medium", "selective", "blocks"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +44,7 @@ class TrainerSettings:
     """The TrainingArguments kwargs for a tier and the hooks the worker still owes."""
 
     training_arguments: dict[str, Any]
-    hooks: HookKind | None
+    hooks: PlanHookKind | None
 
 
 def parse_transformers_version(text: object, *, field: str = "transformers_version") -> Version:
@@ -134,7 +136,7 @@ def trainer_settings(
         return TrainerSettings(
             {on_key: True, kwargs_key: {**non_reentrant, "every_n_layers": every_n}}, hooks=None
         )
-    hooks: HookKind | None = granularity  # medium on old releases, selective, or blocks
+    hooks: PlanHookKind | None = granularity  # medium on old releases, selective, or blocks
     return TrainerSettings({on_key: False}, hooks=hooks)
 
 
