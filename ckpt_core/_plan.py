@@ -104,9 +104,10 @@ def make_plan(
     (``{"preset": NAME}``, ``{"config": {...}}``, or a `ModelConfig` already
     validated by `load_model_config` against caller-chosen bounds) and ``workload`` (at least
     ``seq_len``; see `Workload`), every tier is estimated (``Plan.estimate``)
-    and ``auto`` picks the cheapest tier whose peak fits the GPU memory less
-    the headroom - full when no GPU memory is given, or when nothing fits
-    (the reason then says what would).  Bad input raises the `CkptError`
+    and ``auto`` picks the least recompute whose peak fits the GPU memory less
+    the headroom - a tier, or a block-level plan (``granularity="blocks"``,
+    ``Plan.block_plan``) - full when no GPU memory is given, or when nothing
+    fits (``estimate["alternatives"]`` and the reason then say what would).  Bad input raises the `CkptError`
     subclass naming the field (``workload.seq_len``, ``model.preset``, ...).
     """
     parsed = parse_tier(tier)
