@@ -107,8 +107,9 @@ def make_plan(
     and ``auto`` picks the least recompute whose peak fits the GPU memory less
     the headroom - a tier, or a block-level plan (``granularity="blocks"``,
     ``Plan.block_plan``) - full when no GPU memory is given, or when nothing
-    fits (``estimate["alternatives"]`` and the reason then say what would).  Bad input raises the `CkptError`
-    subclass naming the field (``workload.seq_len``, ``model.preset``, ...).
+    fits (``estimate["alternatives"]`` and the reason then say what would).
+    Bad input raises the `CkptError` subclass naming the field
+    (``workload.seq_len``, ``model.preset``, ...).
     """
     parsed = parse_tier(tier)
     memory = resolve_gpu_memory(gpu_memory_gb, gpu)

@@ -220,3 +220,37 @@ def test_explicit_tiers_and_the_seed_rule_are_unchanged() -> None:
 def test_without_gpu_memory_auto_with_a_model_stays_full() -> None:
     result = make_plan("auto", model={"preset": "llama-3.2-1b"}, workload={"seq_len": 512})
     assert result.granularity == "full" and result.estimate["chosen"]["fits"] is None
+
+
+@pytest.mark.parametrize("preset", ["llama-3.2-1b", "gemma-3-1b", "qwen3-30b-a3b", "t5-base"])
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_full_has_the_lowest_peak_of_any_assignment(preset: str, method: str) -> None:
+    """What the alternatives' bisection on the sequence length relies on."""
+    from itertools import product
+
+    from ckpt_core._memory.activations import block_kinds
+    from ckpt_core._memory.search import tier_candidates
+
+    for seq in (256, 4096):
+        run = prepare(
+            model_facts({"preset": preset}), parse_workload({"seq_len": seq, "method": method})
+        )
+        arch, step, static = run.facts.arch, run.step, run.static
+        lowest = tier_candidates(arch, step, static)["full"].memory.peak_bytes
+        kinds = block_kinds(arch)
+        choices = [
+            [(kind, f, s) for f in range(0, n + 1, 3) for s in range(0, n - f + 1, 3)]
+            for kind, n in kinds
+        ]
+        sizes = dict(kinds)
+        for choice in product(*choices):
+            counts = tuple(
+                item
+                for kind, f, s in choice
+                for item in (
+                    (("full", kind), f),
+                    (("selective", kind), s),
+                    (("off", kind), sizes[kind] - f - s),
+                )
+            )
+            assert evaluate(arch, step, static, counts).memory.peak_bytes >= lowest, (seq, choice)

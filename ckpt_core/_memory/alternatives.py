@@ -8,9 +8,10 @@ fine-tune at any sequence, but does as QLoRA at a slightly shorter one):
 - micro-batch: the request's, then each divisor of it, with gradient
   accumulation multiplied to keep the global batch;
 - sequence length: the request's when some plan fits, else the longest
-  multiple of `SEQ_UNIT` that fits (peaks grow with it; found by bisection on the tiers' peaks: the
-  lowest peak of any assignment is a tier's - all full, all selective or off
-  - because one full block already brings full's recompute working set);
+  multiple of `SEQ_UNIT` that fits (peaks grow with it; found by bisection on
+  full's peak, the lowest of any assignment: each block checkpointed whole
+  keeps the least, and the recompute working set is one block's however many
+  are checkpointed);
 - the plan: the least recompute that fits that workload (`search.cheapest_fit`).
 
 Of the options found, those on the frontier are kept - no other option is at
@@ -148,10 +149,6 @@ def judges_for(
 
     def feasible(workload: Workload) -> bool:
         run = prepare(workload)
-        arch, step, static = run.facts.arch, run.step, run.static
-        return any(
-            tier_memory(arch, step, tier, static).peak_bytes <= budget
-            for tier in ("full", "selective", "off")
-        )
+        return tier_memory(run.facts.arch, run.step, "full", run.static).peak_bytes <= budget
 
     return judge, feasible
