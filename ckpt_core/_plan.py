@@ -195,7 +195,7 @@ def _how(
 def _how_blocks(plan: BlockPlan, hooks: PlanHookKind | None, version: str) -> str:
     if hooks is None:
         return (
-            f"HF checkpoints every {plan.every_n_layers}th block via "
+            f"HF checkpoints one block in {plan.every_n_layers} via "
             f"every_n_layers={plan.every_n_layers} ({version})"
         )
     selective = f", attention of blocks {list(plan.selective)}" if plan.selective else ""
