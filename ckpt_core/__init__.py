@@ -28,6 +28,7 @@ from ckpt_core._errors import (
     UnsupportedTransformersVersionError,
 )
 from ckpt_core._plan import Plan, make_plan
+from ckpt_core._planning.block_plan import BlockPlan
 from ckpt_core._planning.gpus import GPUS, GpuSpec, lookup_gpu
 from ckpt_core._planning.tiers import (
     AUTO_FULL_THRESHOLD_GB,
@@ -35,11 +36,16 @@ from ckpt_core._planning.tiers import (
     GRANULARITIES,
     TIERS,
     Granularity,
+    PlanGranularity,
     Tier,
     TierLike,
     parse_tier,
 )
-from ckpt_core._planning.training_args import HookKind, installed_transformers_version
+from ckpt_core._planning.training_args import (
+    HookKind,
+    PlanHookKind,
+    installed_transformers_version,
+)
 from ckpt_core._planning.workload import Workload
 from ckpt_core._seed_api import describe_tier, resolve_gradient_checkpointing, resolve_granularity
 
@@ -73,6 +79,7 @@ __all__ = [
     "MEASURE_FIELDS",
     "TIERS",
     "Answer",
+    "BlockPlan",
     "CheckpointConflictError",
     "CheckpointPlanCallback",
     "CkptClient",
@@ -93,6 +100,8 @@ __all__ = [
     "ModelConfigError",
     "Plan",
     "PlanConflictWarning",
+    "PlanGranularity",
+    "PlanHookKind",
     "PresetInfo",
     "ServiceRequestError",
     "ServiceUnavailableError",

@@ -21,7 +21,7 @@ from ckpt_core._configs.config_json import ConfigLimits
 from ckpt_core._configs.model_config import build_meta_model, count_parameters, load_model_config
 from ckpt_core._errors import InvalidWorkloadError
 from ckpt_core._plan import make_plan
-from ckpt_core._planning.tiers import Granularity, Tier
+from ckpt_core._planning.tiers import PlanGranularity, Tier
 from ckpt_core._planning.workload import Workload
 
 if TYPE_CHECKING:
@@ -51,10 +51,14 @@ class DryRunReport:
     given transformers version (the worker installs no hooks); ``modules``
     then still lists the blocks HF wraps.  ``measured`` is None, or the
     activation bytes of one forward with labels for the requested shape.
+    ``reason`` (``auto`` only) says how the granularity was chosen: with a
+    measurement shape, as `make_plan` chooses for that workload (model-aware,
+    ``block_plan`` set when it chose blocks between the tiers); without one,
+    by the VRAM thresholds.  Both appear in `to_dict` only when set.
     """
 
     tier: Tier
-    granularity: Granularity | None
+    granularity: PlanGranularity | None
     model_type: str
     architecture: str
     parameters: int
@@ -64,10 +68,15 @@ class DryRunReport:
     native: bool
     measured: dict[str, Any] | None
     elapsed_ms: float
+    reason: str | None = None
+    block_plan: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["modules"] = list(self.modules)
+        for key in ("reason", "block_plan"):
+            if data[key] is None:
+                del data[key]
         return data
 
 
@@ -91,13 +100,27 @@ def dry_run(
     the input at fault (tier, GPU, model config, measure fields).
     """
     started = time.perf_counter()
+    # tier, GPU and version are checked before the model is loaded
     plan = make_plan(tier, gpu_memory_gb, gpu=gpu, transformers_version=transformers_version)
     shape = measure_shape(measure)
     cfg = load_model_config(model, limits=limits)
+    if shape is not None and plan.tier == "auto":  # chosen by the model, as make_plan does
+        plan = make_plan(
+            tier,
+            gpu_memory_gb,
+            gpu=gpu,
+            transformers_version=transformers_version,
+            model=cfg,
+            workload=shape,
+        )
     built = build_meta_model(cfg, attention=shape.attention if shape else None, limits=limits)
-    blocks, modules = _cover(built, plan.granularity)
+    blocks, modules = _cover(built, plan.granularity, plan.block_plan)
     per_gpu = measure is not None and any(name in measure for name in _DISTRIBUTED_FIELDS)
-    measured = _measure(built, plan.granularity, shape, per_gpu=per_gpu) if shape else None
+    measured = (
+        _measure(built, plan.granularity, shape, plan.block_plan, per_gpu=per_gpu)
+        if shape
+        else None
+    )
     return DryRunReport(
         tier=plan.tier,
         granularity=plan.granularity,
@@ -110,10 +133,14 @@ def dry_run(
         native=plan.granularity is not None and plan.hooks is None,
         measured=measured,
         elapsed_ms=round((time.perf_counter() - started) * 1000, 1),
+        reason=plan.reason if plan.tier == "auto" else None,
+        block_plan=plan.block_plan,
     )
 
 
-def _cover(model: nn.Module, granularity: Granularity | None) -> tuple[int, tuple[str, ...]]:
+def _cover(
+    model: nn.Module, granularity: PlanGranularity | None, block_plan: dict[str, Any] | None
+) -> tuple[int, tuple[str, ...]]:
     """(number of blocks, names of the modules the granularity checkpoints)."""
     if granularity is None:
         from ckpt_core._hooks.blocks import find_blocks
@@ -121,7 +148,7 @@ def _cover(model: nn.Module, granularity: Granularity | None) -> tuple[int, tupl
         return sum(len(stack) for stack in find_blocks(model).values()), ()
     from ckpt_core._hooks.install import install_checkpoint_hooks
 
-    report = install_checkpoint_hooks(model, granularity)
+    report = install_checkpoint_hooks(model, granularity, block_plan=block_plan)
     return len(report.blocks), report.hooked
 
 
@@ -152,7 +179,12 @@ def _as_measure_errors() -> Iterator[None]:
 
 
 def _measure(
-    model: nn.Module, granularity: Granularity | None, shape: Workload, *, per_gpu: bool
+    model: nn.Module,
+    granularity: PlanGranularity | None,
+    shape: Workload,
+    block_plan: dict[str, Any] | None,
+    *,
+    per_gpu: bool,
 ) -> dict[str, Any]:
     """Activation bytes of ``model`` for ``shape``, by the meta-device measurement.
 
@@ -165,7 +197,9 @@ def _measure(
     requested = {f.name: getattr(shape, f.name) for f in fields(shape) if f.name in names}
     activation = {k: v for k, v in requested.items() if k in _ACTIVATION_FIELDS}
     with _as_measure_errors():  # e.g. seq_len beyond GPT-2's learned positions
-        activation_bytes = measure_activation_bytes(model, granularity, **activation)
+        activation_bytes = measure_activation_bytes(
+            model, granularity, block_plan=block_plan, **activation
+        )
     measured = {"activation_bytes": int(activation_bytes), **requested}
     if per_gpu:
         measured.update(parameters_per_gpu(model, shape.world_size, shape.sharding))

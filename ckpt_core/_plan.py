@@ -12,12 +12,13 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ckpt_core._errors import ModelConfigError
+from ckpt_core._planning.block_plan import BlockPlan
 from ckpt_core._planning.engine_args import engine_sentence, engine_settings
 from ckpt_core._planning.gpus import gpu_memory_for, lookup_gpu
 from ckpt_core._planning.tiers import (
     AUTO_FULL_THRESHOLD_GB,
     AUTO_SELECTIVE_THRESHOLD_GB,
-    Granularity,
+    PlanGranularity,
     Tier,
     describe,
     granularity_for,
@@ -25,7 +26,7 @@ from ckpt_core._planning.tiers import (
 )
 from ckpt_core._planning.training_args import (
     EVERY_N_LAYERS_SINCE,
-    HookKind,
+    PlanHookKind,
     installed_transformers_version,
     parse_transformers_version,
     trainer_settings,
@@ -44,26 +45,39 @@ class Plan:
     """What to do for one training job: JSON-serialisable via `to_dict`.
 
     ``training_arguments`` goes into ``TrainingArguments(**...)``; ``hooks``
-    (``"medium"`` / ``"selective"`` / ``None``) is the granularity the worker
+    (``"medium"`` / ``"selective"`` / ``"blocks"`` / ``None``) is the granularity the worker
     must install with `install_checkpoint_hooks` after PEFT wrapping.
     ``estimate`` is the per-tier memory estimate when a model was given;
     ``gpu`` is the canonical GPU-table name when the caller named a GPU.
+    ``block_plan`` is set when ``auto`` chose a plan between the tiers
+    (granularity ``"blocks"``): ``{"blocks": N, "full": [...], "selective":
+    [...], "every_n_layers": N | None}``, blocks numbered by HF's cross-stack
+    counter (`BlockPlan`); HF does it when ``every_n_layers`` is set and the
+    release knows the kwarg, else the worker's ``"blocks"`` hooks do.
     """
 
     tier: Tier
-    granularity: Granularity | None
+    granularity: PlanGranularity | None
     training_arguments: dict[str, Any]
-    hooks: HookKind | None
+    hooks: PlanHookKind | None
     description: str
     reason: str
     gpu_memory_gb: float | None = None
     gpu: str | None = None
     transformers_version: str = ASSUMED_TRANSFORMERS_VERSION
     estimate: dict[str, Any] | None = field(default=None)
+    block_plan: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """A plain-JSON dict (deep copy: mutating it never changes the plan)."""
-        return asdict(self)
+        """A plain-JSON dict (deep copy: mutating it never changes the plan).
+
+        ``block_plan`` appears only when set: a tier's answer is the same JSON
+        as before block-level plans existed.
+        """
+        data = asdict(self)
+        if data["block_plan"] is None:
+            del data["block_plan"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Plan:
@@ -91,10 +105,12 @@ def make_plan(
     (``{"preset": NAME}``, ``{"config": {...}}``, or a `ModelConfig` already
     validated by `load_model_config` against caller-chosen bounds) and ``workload`` (at least
     ``seq_len``; see `Workload`), every tier is estimated (``Plan.estimate``)
-    and ``auto`` picks the cheapest tier whose peak fits the GPU memory less
-    the headroom - full when no GPU memory is given, or when nothing fits
-    (the reason then says what would).  Bad input raises the `CkptError`
-    subclass naming the field (``workload.seq_len``, ``model.preset``, ...).
+    and ``auto`` picks the least recompute whose peak fits the GPU memory less
+    the headroom - a tier, or a block-level plan (``granularity="blocks"``,
+    ``Plan.block_plan``) - full when no GPU memory is given, or when nothing
+    fits (``estimate["alternatives"]`` and the reason then say what would).
+    Bad input raises the `CkptError` subclass naming the field
+    (``workload.seq_len``, ``model.preset``, ...).
     """
     parsed = parse_tier(tier)
     memory = resolve_gpu_memory(gpu_memory_gb, gpu)
@@ -105,6 +121,7 @@ def make_plan(
     gpu_name = lookup_gpu(gpu).name if gpu is not None else None
     estimate: dict[str, Any] | None = None
     parsed_workload: Workload | None = None
+    block_plan: BlockPlan | None = None
     if model is None:
         if workload is not None:
             raise ModelConfigError(
@@ -123,12 +140,13 @@ def make_plan(
         description, estimate = advice.description, advice.estimate
         host = host_sentence(estimate["assumptions"])
         why = f"{why}; {host}" if host else why
+        block_plan = advice.block_plan
     # The data-parallel engine's form of the same checkpointing (FSDP2: fsdp_config): issue 17.
     settings = engine_settings(
-        trainer_settings(granularity, version), granularity, version, parsed_workload
+        trainer_settings(granularity, version, block_plan), granularity, version, parsed_workload
     )
     how = engine_sentence(granularity, parsed_workload) or _how(
-        granularity, settings.hooks, version_text
+        granularity, settings.hooks, version_text, block_plan
     )
     return Plan(
         tier=parsed,
@@ -141,11 +159,12 @@ def make_plan(
         gpu=gpu_name,
         transformers_version=version_text,
         estimate=estimate,
+        block_plan=None if block_plan is None else block_plan.to_dict(),
     )
 
 
 def _why_granularity(
-    tier: Tier, granularity: Granularity | None, memory: float | None, gpu: str | None
+    tier: Tier, granularity: PlanGranularity | None, memory: float | None, gpu: str | None
 ) -> str:
     if tier != "auto":
         return f"tier {tier!r} requested"
@@ -161,8 +180,15 @@ def _why_granularity(
     return f"auto with {memory:g} GiB{where} {rule} -> {granularity} (VRAM thresholds, no model)"
 
 
-def _how(granularity: Granularity | None, hooks: HookKind | None, version_text: str) -> str:
+def _how(
+    granularity: PlanGranularity | None,
+    hooks: PlanHookKind | None,
+    version_text: str,
+    block_plan: BlockPlan | None = None,
+) -> str:
     version = f"transformers {version_text}"
+    if block_plan is not None:
+        return _how_blocks(block_plan, hooks, version)
     if granularity is None:
         return f"HF checkpointing explicitly off ({version})"
     if granularity == "full":
@@ -176,3 +202,16 @@ def _how(granularity: Granularity | None, hooks: HookKind | None, version_text: 
             "worker installs medium hooks (every other block)"
         )
     return f"HF off, worker installs selective hooks on the attention modules ({version})"
+
+
+def _how_blocks(plan: BlockPlan, hooks: PlanHookKind | None, version: str) -> str:
+    if hooks is None:
+        return (
+            f"HF checkpoints one block in {plan.every_n_layers} via "
+            f"every_n_layers={plan.every_n_layers} ({version})"
+        )
+    selective = f", attention of blocks {list(plan.selective)}" if plan.selective else ""
+    return (
+        f"HF off, worker installs blocks hooks (plan.block_plan): whole blocks "
+        f"{list(plan.full)}{selective}, numbered across stacks as HF counts them ({version})"
+    )

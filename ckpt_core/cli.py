@@ -389,6 +389,13 @@ def _plan_text(plan: Plan) -> str:
     ]
     kwargs = plan.training_arguments
     rows += [("TrainingArguments", f"{k}={json.dumps(v)}") for k, v in kwargs.items()]
+    if plan.block_plan:
+        block_plan = plan.block_plan
+        rows.append(("full blocks", _indices(block_plan["full"], block_plan["blocks"])))
+        if block_plan["selective"]:
+            rows.append(
+                ("selective blocks", _indices(block_plan["selective"], block_plan["blocks"]))
+            )
     if plan.gpu_memory_gb is not None:
         gpu = f" ({plan.gpu})" if plan.gpu else ""
         rows.append(("gpu memory", f"{plan.gpu_memory_gb:g} GiB{gpu}"))
@@ -403,6 +410,10 @@ def _plan_text(plan: Plan) -> str:
     return text
 
 
+def _indices(indices: list[int], blocks: int) -> str:
+    return f"{len(indices)} of {blocks}: {', '.join(map(str, indices))}"
+
+
 def _report_text(report: Mapping[str, Any]) -> str:
     rows = [
         ("model", f"{report['model_type']} ({report['architecture']})"),
@@ -413,6 +424,8 @@ def _report_text(report: Mapping[str, Any]) -> str:
         ("by", "HF's own checkpointing" if report["native"] else "ckpt hooks"),
         ("elapsed", f"{report['elapsed_ms']:g} ms"),
     ]
+    if report.get("reason"):
+        rows.append(("chosen", report["reason"]))
     if report["measured"]:
         rows += [("measured", f"{k}={_scalar(v)}") for k, v in report["measured"].items()]
     text = _table(rows)

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
-from ckpt_core import Granularity, HookKind, Tier
+from ckpt_core import Granularity, PlanGranularity, PlanHookKind, Tier
 
 _NUMBER_OR_NULL = {"anyOf": [{"type": "number"}, {"type": "null"}]}
 _STRING_OR_NULL = {"anyOf": [{"type": "string"}, {"type": "null"}]}
@@ -183,17 +183,27 @@ class PlanResponse(_Response):
     """A `ckpt_core.Plan`: pass `training_arguments` to TrainingArguments, install `hooks`."""
 
     tier: Tier
-    granularity: Granularity | None
+    granularity: PlanGranularity | None = Field(
+        description="What is checkpointed: a tier, or 'blocks' for a block-level plan."
+    )
     training_arguments: dict[str, Any]
-    hooks: HookKind | None = Field(description="Hooks the worker must install, or null.")
+    hooks: PlanHookKind | None = Field(description="Hooks the worker must install, or null.")
     description: str
     reason: str = Field(description="Why this granularity, and how it is applied.")
     gpu_memory_gb: float | None = Field(description="GiB used for the decision.")
     gpu: str | None = Field(description="Canonical GPU name when one was given.")
     transformers_version: str
     estimate: dict[str, Any] | None = Field(
-        description="With a model and workload: the assumptions and, per tier, the "
-        "activation and peak bytes and whether it fits; else null."
+        description="With a model and workload: the assumptions, per tier the activation, "
+        "allocated and process-memory peak bytes with a verdict, the chosen plan and, when "
+        "nothing fits, the alternatives; else null."
+    )
+    # Left out when null, as `Plan.to_dict` does: a tier's answer is unchanged.
+    block_plan: dict[str, Any] | None = Field(
+        default=None,
+        exclude_if=lambda value: value is None,
+        description="A block-level plan's blocks (HF's counting): full, selective, "
+        "every_n_layers; only when granularity is 'blocks'.",
     )
 
 
@@ -207,7 +217,7 @@ class DryRunResponse(_Response):
     """A `ckpt_core.DryRunReport`."""
 
     tier: Tier
-    granularity: Granularity | None
+    granularity: PlanGranularity | None
     model_type: str
     architecture: str = Field(description="The transformers model class built.")
     parameters: int = Field(description="Parameters of the meta-built model.")
@@ -217,6 +227,17 @@ class DryRunResponse(_Response):
     native: bool = Field(description="HF's own checkpointing does this tier (no worker hooks).")
     measured: dict[str, Any] | None = Field(description="Activation bytes, when measured.")
     elapsed_ms: float = Field(description="Time of the dry run itself (cache hits repeat it).")
+    # Left out when null, as `DryRunReport.to_dict` does.
+    reason: str | None = Field(
+        default=None,
+        exclude_if=lambda value: value is None,
+        description="With tier auto: the rule it chose by.",
+    )
+    block_plan: dict[str, Any] | None = Field(
+        default=None,
+        exclude_if=lambda value: value is None,
+        description="A block-level plan's blocks, as in /resolve.",
+    )
 
 
 class PresetSummary(_Response):

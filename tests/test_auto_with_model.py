@@ -1,22 +1,23 @@
 """make_plan with a model and a workload: the estimate, model-aware auto, and its errors.
 
-auto must be monotonic (more GPU memory never a costlier tier, a shorter
-sequence never a costlier tier), its tier must fit, and when nothing fits the
-alternatives it names must really fit.  Without a model nothing changes.
+auto must be monotonic (more GPU memory never a costlier plan; at a shorter
+sequence it never costs more than the longer sequence's plan would there), its
+plan must fit and cost no more than any tier that fits, and when nothing fits
+the alternatives it names must really fit.  Without a model nothing changes.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
-import re
 from typing import Any
 
 import pytest
 
 from ckpt_core import InvalidWorkloadError, ModelConfigError, make_plan
+from ckpt_core._memory.alternatives import SEQ_UNIT
 from ckpt_core._planning.tiers import auto_granularity_by_memory
 
-COST = {None: 0, "selective": 1, "medium": 2, "full": 3}
 TIERS = ("off", "selective", "medium", "full")
 CASES = [
     ({"preset": "llama-3.1-8b"}, {"seq_len": 4096}),
@@ -30,10 +31,14 @@ def plan(tier: str = "auto", gpu_memory_gb: float | None = 80.0, **kwargs: Any) 
     return make_plan(tier, gpu_memory_gb, **kwargs)
 
 
+def ratio(result: Any) -> float:
+    return result.estimate["chosen"]["recompute_flops_ratio"]
+
+
 @pytest.mark.parametrize(("model", "workload"), CASES)
-def test_more_gpu_memory_never_gives_a_costlier_tier(model: dict, workload: dict) -> None:
+def test_more_gpu_memory_never_gives_a_costlier_plan(model: dict, workload: dict) -> None:
     costs = [
-        COST[plan(gpu_memory_gb=gib, model=model, workload=workload).granularity]
+        ratio(plan(gpu_memory_gb=gib, model=model, workload=workload))
         for gib in (8, 16, 24, 40, 48, 80, 96, 141, 192, 400, 1000)
     ]
     assert costs == sorted(costs, reverse=True)
@@ -41,29 +46,44 @@ def test_more_gpu_memory_never_gives_a_costlier_tier(model: dict, workload: dict
 
 
 @pytest.mark.parametrize(("model", "workload"), CASES)
-def test_a_shorter_sequence_never_gives_a_costlier_tier(model: dict, workload: dict) -> None:
-    costs = [
-        COST[plan(gpu_memory_gb=48, model=model, workload={**workload, "seq_len": s}).granularity]
-        for s in (256, 1024, 2048, 4096, 8192, 16384, 32768)
-    ]
-    assert costs == sorted(costs)
+def test_a_shorter_sequence_never_costs_more_than_the_longer_ones_plan(
+    model: dict, workload: dict
+) -> None:
+    from ckpt_core._memory.advise import model_facts, parse_workload, prepare
+    from ckpt_core._memory.search import cheapest_fit, evaluate, tier_candidates
+
+    budget = int(48 * 2**30 * 0.9)
+    chosen = []
+    for seq in (256, 1024, 2048, 4096, 8192, 16384, 32768):
+        run = prepare(model_facts(model), parse_workload({**workload, "seq_len": seq}))
+        a, step, peak = run.facts.arch, run.step, run.peak
+        chosen.append((run, cheapest_fit(a, step, peak, budget, tier_candidates(a, step, peak))))
+    for (short, here), (_, longer) in itertools.pairwise(chosen):
+        if longer is None:
+            continue
+        a, step, peak = short.facts.arch, short.step, short.peak
+        theirs = evaluate(a, step, peak, longer.counts)
+        assert theirs.memory.peak_bytes <= budget  # what fits a longer sequence fits this one
+        assert here is not None and here.ratio <= theirs.ratio
 
 
 @pytest.mark.parametrize(("model", "workload"), CASES)
 @pytest.mark.parametrize("gib", [24, 80, 141])
-def test_the_chosen_tier_fits_and_no_cheaper_one_does(
+def test_the_chosen_plan_fits_and_no_cheaper_tier_does(
     model: dict, workload: dict, gib: int
 ) -> None:
     result = plan(gpu_memory_gb=gib, model=model, workload=workload)
-    tiers = result.estimate["tiers"]
-    chosen = result.granularity or "off"
+    tiers, chosen = result.estimate["tiers"], result.estimate["chosen"]
     if "nothing fits" in result.reason:
-        assert chosen == "full"
-        assert not any(row["fits"] for row in tiers.values())
+        assert result.granularity == "full" and chosen["granularity"] == "full"
+        assert not any(row["fits"] for row in tiers.values()) and chosen["fits"] is False
         return
     budget = gib * 2**30 * (1 - result.estimate["assumptions"]["headroom"])
-    assert tiers[chosen]["fits"] and tiers[chosen]["peak_bytes"] <= budget
-    assert not any(tiers[t]["fits"] for t in TIERS[: TIERS.index(chosen)])
+    assert chosen["fits"] and chosen["peak_bytes"] <= budget
+    assert chosen["granularity"] == (result.granularity or "off")
+    for row in tiers.values():
+        if row["fits"]:
+            assert chosen["recompute_flops_ratio"] <= row["recompute_flops_ratio"]
 
 
 def test_nothing_fits_says_so_and_its_alternatives_fit() -> None:
@@ -71,19 +91,28 @@ def test_nothing_fits_says_so_and_its_alternatives_fit() -> None:
     model, workload = {"preset": "llama-3.2-1b"}, {"seq_len": 4096, "micro_batch_size": 16}
     result = plan(gpu_memory_gb=24, model=model, workload=workload)
     assert result.granularity == "full"
-    assert "nothing fits" in result.reason and "GiB" in result.reason
-    seq = int(re.search(r"seq_len <= (\d+) fits", result.reason).group(1))
-    batch = int(re.search(r"micro_batch_size <= (\d+) fits", result.reason).group(1))
-    shorter = plan(gpu_memory_gb=24, model=model, workload={**workload, "seq_len": seq})
-    assert shorter.estimate["tiers"]["full"]["fits"]
-    longer = plan(gpu_memory_gb=24, model=model, workload={**workload, "seq_len": seq + 1})
-    assert not longer.estimate["tiers"]["full"]["fits"]  # the largest that fits, not a guess
-    smaller = plan(gpu_memory_gb=24, model=model, workload={**workload, "micro_batch_size": batch})
-    assert smaller.estimate["tiers"]["full"]["fits"]
-    qlora = plan(gpu_memory_gb=24, model=model, workload={**workload, "method": "qlora"})
-    assert ("QLoRA (4-bit nf4 base) fits" in result.reason) == any(
-        row["fits"] for row in qlora.estimate["tiers"].values()
-    )
+    assert "nothing fits" in result.reason and "what would fit" in result.reason
+    options = result.estimate["alternatives"]
+    assert options and result.estimate["chosen"]["fits"] is False
+    for option in options:
+        changed = {**workload, **option["changes"]}
+        again = plan(gpu_memory_gb=24, model=model, workload=changed)
+        assert again.estimate["chosen"]["fits"], option
+        assert again.estimate["chosen"]["recompute_flops_ratio"] == option["recompute_flops_ratio"]
+        assert again.estimate["chosen"]["peak_bytes"] == option["peak_bytes"]
+        factor = option.get("gradient_accumulation_factor", 1)
+        assert changed["micro_batch_size"] * factor == workload["micro_batch_size"]
+        if "seq_len" in option["changes"]:  # the longest that fits, not a guess
+            assert changed["seq_len"] % SEQ_UNIT == 0
+            longer = {**changed, "seq_len": changed["seq_len"] + SEQ_UNIT}
+            assert "nothing fits" in plan(gpu_memory_gb=24, model=model, workload=longer).reason
+    for option in options:  # the frontier: no option closer in every change and cheaper
+        for other in options:
+            closer = all(
+                other["changes"].get(k, workload.get(k)) == v for k, v in option["changes"].items()
+            )
+            if other is not option and closer and other["changes"] != option["changes"]:
+                assert other["recompute_flops_ratio"] > option["recompute_flops_ratio"]
 
 
 def test_without_gpu_memory_auto_is_full_and_says_why() -> None:
@@ -118,7 +147,9 @@ def test_estimate_shape_assumptions_and_json() -> None:
         "medium", gpu="H100-80GB", model={"preset": "gemma-2-9b"}, workload={"seq_len": 2048}
     )
     estimate = result.estimate
-    assert set(estimate) == {"assumptions", "tiers"}
+    assert set(estimate) == {"assumptions", "tiers", "chosen"}
+    assert estimate["chosen"]["granularity"] == "medium"
+    assert estimate["chosen"]["peak_bytes"] == estimate["tiers"]["medium"]["peak_bytes"]
     for row in estimate["tiers"].values():
         assert set(row) == {
             "activation_bytes",

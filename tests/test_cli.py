@@ -100,7 +100,8 @@ def test_resolve_with_a_model_is_the_model_aware_plan() -> None:
     )
     assert answer == expected.to_dict()
     assert set(answer["estimate"]["tiers"]) == {"off", "selective", "medium", "full"}
-    assert "seq_len <=" in answer["reason"]  # nothing fits: says what would
+    assert "what would fit" in answer["reason"]  # nothing fits: says what would
+    assert answer["estimate"]["alternatives"] == expected.estimate["alternatives"]
 
 
 def test_resolve_table_shows_kwargs_hooks_and_reason() -> None:

@@ -84,7 +84,10 @@ def test_client_local_answer_takes_the_fields() -> None:
     plan = local_plan("auto", gpu="H100-80GB", model={"preset": "llama-3.1-70b"}, workload=LORA_70B)
     assert plan.estimate is not None
     assert plan.estimate["assumptions"]["distributed"]["shard_degree"] == 8
-    assert plan.training_arguments["fsdp_config"]["activation_checkpointing"] is True
+    # FSDP's own checkpointing does a whole-model tier; a block-level plan is hooks on its units.
+    wrapped = plan.training_arguments["fsdp_config"]["activation_checkpointing"]
+    assert wrapped is (plan.granularity == "full")
+    assert plan.hooks == ("blocks" if plan.granularity == "blocks" else None)
 
 
 @pytest.mark.parametrize("preset", ["llama-3.1-70b", "mixtral-8x7b", "qwen2.5-7b", "gemma-2-9b"])

@@ -282,3 +282,35 @@ def test_t5_without_decoder_start_token_measures_like_with_it() -> None:
     ]
     assert sizes[0] is not None and sizes[0]["activation_bytes"] > 0
     assert sizes[1] == sizes[0]
+
+
+@pytest.mark.parametrize("seq", [2048, 4096])
+def test_auto_with_a_measurement_shape_chooses_as_make_plan(seq: int) -> None:
+    from ckpt_core import make_plan
+
+    model = {"preset": "llama-3.2-1b"}
+    # A GPU size at which auto answers a block-level plan for this workload.
+    gib = next(
+        g / 2
+        for g in range(8, 100)
+        if make_plan("auto", g / 2, model=model, workload={"seq_len": seq}).granularity == "blocks"
+    )
+    report = dry_run(model, "auto", gib, measure={"seq_len": seq})
+    plan = make_plan("auto", gib, model=model, workload={"seq_len": seq})
+    assert report.granularity == plan.granularity == "blocks"
+    assert report.block_plan == plan.block_plan and report.reason == plan.reason
+    assert report.native == (plan.hooks is None)
+    planned = {f"model.layers.{i}" for i in plan.block_plan["full"]}
+    planned |= {f"model.layers.{i}.self_attn" for i in plan.block_plan["selective"]}
+    assert set(report.modules) == planned
+    estimated = plan.estimate["chosen"]["activation_bytes"]
+    assert report.measured["activation_bytes"] == pytest.approx(estimated, rel=0.02)
+    assert report.to_dict()["block_plan"] == plan.block_plan
+
+
+def test_auto_without_a_measurement_shape_says_it_used_the_thresholds() -> None:
+    report = dry_run({"preset": "llama-3.2-1b"}, "auto", 40)
+    assert report.granularity == "medium"
+    assert "VRAM thresholds" in report.reason and "no model" in report.reason
+    assert "block_plan" not in report.to_dict()
+    assert "reason" not in dry_run({"preset": "llama-3.2-1b"}, "full").to_dict()

@@ -201,28 +201,35 @@ def find_blocks(model: nn.Module) -> Blocks:
     return _group_by_stack(chosen)
 
 
-def every_nth_block(model: nn.Module, blocks: Blocks, n: int) -> list[tuple[str, nn.Module]]:
-    """The blocks HF's ``activation_checkpointing_enable(every_n_layers=n)`` picks.
+def counted_blocks(
+    model: nn.Module, blocks: Blocks
+) -> tuple[list[tuple[int, str, nn.Module]], int]:
+    """Every block with HF's block counter, and how many blocks that counter counts.
 
     HF (transformers 5.24, ``PreTrainedModel._set_gradient_checkpointing``) walks
     ``self.modules()`` with ONE counter shared by all stacks, counting every
-    ``GradientCheckpointingLayer`` instance, and checkpoints those whose count
-    is divisible by ``n``.  So in an encoder-decoder with an odd number of
-    encoder layers the decoder starts at its local index 1.  The same counter
-    is used here (blocks HF does not mark count in module order too), so
-    ``medium`` hooks exactly the layers HF's ``every_n_layers=2`` would.
+    ``GradientCheckpointingLayer`` instance.  So in an encoder-decoder with an
+    odd number of encoder layers the decoder starts at its local index 1.  The
+    same counter is used here (blocks HF does not mark count in module order
+    too), so ``every_n_layers`` and block-level plans name the blocks HF does.
     """
     layer_cls = gradient_checkpointing_layer_class()
     wanted = {name for stack in blocks.values() for name, _ in stack}
-    picked: list[tuple[str, nn.Module]] = []
+    counted: list[tuple[int, str, nn.Module]] = []
     counter = 0
     for name, module in model.named_modules():
         is_hf_layer = layer_cls is not None and isinstance(module, layer_cls)
         if name in wanted or is_hf_layer:
-            if name in wanted and counter % n == 0:
-                picked.append((name, module))
+            if name in wanted:
+                counted.append((counter, name, module))
             counter += 1
-    return picked
+    return counted, counter
+
+
+def every_nth_block(model: nn.Module, blocks: Blocks, n: int) -> list[tuple[str, nn.Module]]:
+    """The blocks HF's ``activation_checkpointing_enable(every_n_layers=n)`` picks."""
+    counted, _ = counted_blocks(model, blocks)
+    return [(name, module) for counter, name, module in counted if counter % n == 0]
 
 
 def is_attention_module(attr_name: str, module: Any) -> bool:

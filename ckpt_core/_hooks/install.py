@@ -36,11 +36,21 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ckpt_core._errors import CheckpointConflictError, InvalidGranularityError
-from ckpt_core._hooks.blocks import Blocks, every_nth_block, find_attention, find_blocks
+from ckpt_core._hooks.blocks import (
+    Blocks,
+    counted_blocks,
+    every_nth_block,
+    find_attention,
+    find_blocks,
+)
+from ckpt_core._planning.block_plan import BlockPlan
 from ckpt_core._planning.tiers import GRANULARITIES
 
+# What the hooks install: a tier's granularity, or a block-level plan's block set.
+HOOK_GRANULARITIES = (*GRANULARITIES, "blocks")
+
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable, Iterable, Mapping
 
     from torch import nn
 
@@ -180,28 +190,57 @@ def is_hf_checkpointing_enabled(model: nn.Module) -> bool:
     return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
 
 
-def _validate(granularity: object) -> str:
+def _validate(granularity: object, block_plan: object) -> tuple[str, BlockPlan | None]:
     normalised = granularity.strip().lower() if isinstance(granularity, str) else None
-    if normalised not in GRANULARITIES:
+    if normalised not in HOOK_GRANULARITIES:
         raise InvalidGranularityError(
-            f"granularity must be one of {', '.join(GRANULARITIES)}; got {granularity!r}",
+            f"granularity must be one of {', '.join(HOOK_GRANULARITIES)}; got {granularity!r}",
             field="granularity",
         )
-    return normalised
+    if (normalised == "blocks") != (block_plan is not None):
+        raise InvalidGranularityError(
+            "granularity 'blocks' needs block_plan (the plan's block_plan), and only it does",
+            field="block_plan",
+        )
+    plan = None if block_plan is None else BlockPlan.from_value(block_plan)
+    return normalised, plan
 
 
-def _targets(model: nn.Module, blocks: Blocks, granularity: str) -> list[tuple[str, nn.Module]]:
+def _targets(
+    model: nn.Module, blocks: Blocks, granularity: str, plan: BlockPlan | None
+) -> list[tuple[str, nn.Module]]:
     """The modules ``granularity`` wraps, in module order."""
     if granularity == "full":
         return [item for stack in blocks.values() for item in stack]
     if granularity == "medium":
         return every_nth_block(model, blocks, 2)
+    if plan is not None:
+        return _planned(model, blocks, plan)
     return [
         (f"{block_name}.{attn_name}", attn)
         for stack in blocks.values()
         for block_name, block in stack
         for attn_name, attn in find_attention(block)
     ]
+
+
+def _planned(model: nn.Module, blocks: Blocks, plan: BlockPlan) -> list[tuple[str, nn.Module]]:
+    """A block plan's full blocks, and the attention module(s) of its selective blocks."""
+    counted, total = counted_blocks(model, blocks)
+    if total != plan.blocks:
+        raise InvalidGranularityError(
+            f"the block plan is for a model of {plan.blocks} blocks; this one has {total} "
+            "(plan for the model you train)",
+            field="block_plan.blocks",
+        )
+    full, selective = set(plan.full), set(plan.selective)
+    targets: list[tuple[str, nn.Module]] = []
+    for counter, name, block in counted:
+        if counter in full:
+            targets.append((name, block))
+        elif counter in selective:
+            targets += [(f"{name}.{attn}", module) for attn, module in find_attention(block)]
+    return targets
 
 
 def _hooked_names(model: nn.Module) -> list[str]:
@@ -219,13 +258,20 @@ def _skip_reason(name: str, hooked: list[str]) -> str | None:
 
 
 def install_checkpoint_hooks(
-    model: nn.Module, granularity: str, *, allow_nested: bool = False
+    model: nn.Module,
+    granularity: str,
+    *,
+    allow_nested: bool = False,
+    block_plan: BlockPlan | Mapping[str, Any] | None = None,
 ) -> HookReport:
     """Wrap the modules of ``granularity`` in non-reentrant activation checkpointing.
 
     ``"full"``: every transformer block of every stack.  ``"medium"``: every
     other block, the layers HF's ``every_n_layers=2`` picks.  ``"selective"``:
-    the outermost attention module(s) of every block.
+    the outermost attention module(s) of every block.  ``"blocks"``: a
+    block-level plan, ``block_plan`` (`Plan.block_plan`): its full blocks whole
+    and the attention module(s) of its selective blocks, blocks numbered by
+    HF's cross-stack counter; refused on a model with another block count.
 
     Idempotent: a module already hooked is left alone and counted in
     ``already_installed``; one inside or around a hooked module is skipped
@@ -234,7 +280,7 @@ def install_checkpoint_hooks(
     checkpointing is on (hooks would recompute inside HF's recomputation: more
     compute, no memory saved) unless ``allow_nested`` is true.
     """
-    granularity = _validate(granularity)
+    granularity, plan = _validate(granularity, block_plan)
     if not allow_nested and is_hf_checkpointing_enabled(model):
         raise CheckpointConflictError(
             "HF activation checkpointing is already on for this model; hooks on top "
@@ -247,7 +293,7 @@ def install_checkpoint_hooks(
     hooked: list[str] = []
     skipped: list[tuple[str, str]] = []
     already = 0
-    for name, module in _targets(model, blocks, granularity):
+    for name, module in _targets(model, blocks, granularity, plan):
         if is_hooked(module):
             already += 1
             skipped.append((name, "already hooked"))

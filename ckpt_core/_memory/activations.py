@@ -1,4 +1,4 @@
-"""Closed-form activation bytes per checkpointing tier (docs/design.md §5).
+"""Closed-form activation bytes per assignment of checkpointing modes to blocks (docs/design.md §5).
 
 Same definition as the meta measurement (`ckpt_core._meta.measure`): the
 unique storages autograd keeps at the end of one training forward with
@@ -24,20 +24,41 @@ from ckpt_core._memory.families import family_of
 from ckpt_core._memory.ledger import BlockMode, Step
 from ckpt_core._planning.tiers import ConcreteTier
 
+# How many blocks of each (mode, kind) an assignment has; counts of 0 may be left out.
+ModeCounts = tuple[tuple[tuple[BlockMode, BlockKind], int], ...]
+# A tier, or any other assignment of modes to blocks, by its counts.
+Assignment = ConcreteTier | ModeCounts
 
-def activation_bytes(arch: Arch, step: Step, tier: ConcreteTier) -> int:
-    """Bytes autograd keeps at the end of the forward for ``tier`` (closed form)."""
+
+def mode_counts(arch: Arch, assignment: Assignment) -> ModeCounts:
+    """The counts of an assignment (a tier's are derived from its block modes, cached)."""
+    if isinstance(assignment, str):
+        return _block_counts(arch, assignment)
+    return assignment
+
+
+def activation_bytes(arch: Arch, step: Step, assignment: Assignment) -> int:
+    """Bytes autograd keeps at the end of the forward for ``assignment`` (closed form)."""
+    total, shared = _scopes(arch, step)
+    shared = dict(shared)
+    for (mode, kind), count in mode_counts(arch, assignment):
+        if count:
+            local, globals_ = block_bytes(arch, step, mode, kind)
+            total += count * local
+            shared.update(globals_)
+    return total + sum(shared.values())
+
+
+@functools.lru_cache(maxsize=1024)
+def _scopes(arch: Arch, step: Step) -> tuple[int, tuple[tuple[str, int], ...]]:
+    """The embedding and head scopes' own bytes and shared storages (cached: pure function)."""
     family = family_of(arch)
     shared: dict[str, int] = {}
     total = 0
     for scope in (family.embed_ledger(arch, step), family.head_ledger(arch, step)):
         total += scope.local_bytes()
         shared.update(scope.globals())
-    for (mode, kind), count in _block_counts(arch, tier):
-        local, globals_ = block_bytes(arch, step, mode, kind)
-        total += count * local
-        shared.update(globals_)
-    return total + sum(shared.values())
+    return total, tuple(shared.items())
 
 
 @functools.lru_cache(maxsize=4096)
@@ -54,26 +75,38 @@ def head_bytes(arch: Arch, step: Step) -> int:
     return family_of(arch).head_ledger(arch, step).local_bytes()
 
 
+def block_modes(arch: Arch, tier: ConcreteTier) -> list[BlockMode]:
+    """The mode of every block under ``tier``, in module order (for the step replay)."""
+    return [_mode(tier, counter) for counter, _, _, _ in block_layout(arch)]
+
+
+@functools.lru_cache(maxsize=4096)
 def largest_block(arch: Arch, step: Step, mode: BlockMode) -> int:
     """The local bytes of the largest block in ``mode`` (for the backward working set)."""
-    kinds = {kind for (_, kind), _ in _block_counts(arch, "off")}
-    return max(block_bytes(arch, step, mode, kind)[0] for kind in kinds)
+    return max(block_bytes(arch, step, mode, kind)[0] for kind, _ in block_kinds(arch))
 
 
-def block_modes(arch: Arch, tier: ConcreteTier) -> list[tuple[int, int, BlockMode]]:
-    """(stack, index in stack, mode) of every block under ``tier``.
+def block_kinds(arch: Arch) -> tuple[tuple[BlockKind, int], ...]:
+    """How many blocks of each kind the model has, in first-seen order."""
+    return tuple((kind, count) for (_, kind), count in _block_counts(arch, "off"))
+
+
+@functools.lru_cache(maxsize=1024)
+def block_layout(arch: Arch) -> tuple[tuple[int, int, int, BlockKind], ...]:
+    """(HF's block counter, stack, index in stack, kind) of every block, in module order.
 
     HF's ``every_n_layers`` counts blocks across stacks in module order; a
     vision tower comes first (its blocks are hooked too, but text-only
-    training never runs them).
+    training never runs them), so the text blocks' counter starts after it.
     """
+    family = family_of(arch)
     counter = arch.vision.layers if arch.vision is not None else 0
-    modes = []
-    for stack, layers in enumerate(family_of(arch).stacks(arch)):
+    layout = []
+    for stack, layers in enumerate(family.stacks(arch)):
         for index in range(layers):
-            modes.append((stack, index, _mode(tier, counter)))
+            layout.append((counter, stack, index, family.block_kind(arch, stack, index)))
             counter += 1
-    return modes
+    return tuple(layout)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -81,10 +114,9 @@ def _block_counts(
     arch: Arch, tier: ConcreteTier
 ) -> tuple[tuple[tuple[BlockMode, BlockKind], int], ...]:
     """How many blocks of each (mode, kind) the tier has (cached per architecture)."""
-    family = family_of(arch)
     counts: dict[tuple[BlockMode, BlockKind], int] = {}
-    for stack, index, mode in block_modes(arch, tier):
-        key = (mode, family.block_kind(arch, stack, index))
+    for counter, _, _, kind in block_layout(arch):
+        key = (_mode(tier, counter), kind)
         counts[key] = counts.get(key, 0) + 1
     return tuple(counts.items())
 

@@ -4,13 +4,17 @@
 `ModelConfig`) and a workload into the estimate every answer carries::
 
     {"assumptions": {...}, "tiers": {"off" | "selective" | "medium" | "full":
-        {"activation_bytes", "peak_bytes", "recompute_flops_ratio", "fits"}}}
+        {"activation_bytes", "peak_bytes", "recompute_flops_ratio", "fits"}},
+     "chosen": {"granularity", "blocks_checkpointed", "blocks_selective", "blocks",
+        "activation_bytes", "peak_bytes", "recompute_flops_ratio", "fits"},
+     "alternatives": [...]}  # auto only, when nothing fits
 
-`choose` picks ``auto``'s tier: the cheapest in recompute order off <
-selective < medium < full whose peak fits ``gpu_memory x (1 - headroom)``.
-When nothing fits it says so, with the numbers and what would fit (computed:
-the longest sequence, the largest micro-batch, LoRA, 4-bit QLoRA).  Without
-GPU memory it chooses full, the safe choice, and says why.
+`choose` picks ``auto``'s plan: the least recompute FLOPs ratio, among the
+four tiers and the block-level plans between them (`search.cheapest_fit`),
+whose peak fits ``gpu_memory x (1 - headroom)``.  When nothing fits it says
+so, with the numbers and the nearest workloads that fit
+(`alternatives.alternatives`).  Without GPU memory it chooses full, the safe
+choice, and says why.
 
 Nothing here builds a model or imports torch: the config is parsed once per
 config key (cached) and the rest is arithmetic.
@@ -19,30 +23,31 @@ config key (cached) and the rest is arithmetic.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Final
 
 from ckpt_core._errors import InvalidWorkloadError
+from ckpt_core._memory.alternatives import Alternative, alternatives, judges_for
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.context import context_bytes
 from ckpt_core._memory.estimate import (
     ASSUMPTIONS,
     DTYPE_BYTES,
     GIB,
+    PeakModel,
     StaticMemory,
-    all_tiers,
     recipe_for,
     static_memory,
-    tier_memory,
 )
 from ckpt_core._memory.families import NO_FLASH, NO_SDPA, arch_of, param_layout
-from ckpt_core._memory.flops import recompute_ratio
 from ckpt_core._memory.ledger import Step
 from ckpt_core._memory.param_layout import ParamLayout
 from ckpt_core._memory.peak import Recipe
+from ckpt_core._memory.placement import place
+from ckpt_core._memory.search import Candidate, cheapest_fit, granularity_of, tier_candidates
 from ckpt_core._memory.sharding import distributed_summary, per_gpu_memory
 from ckpt_core._memory.verdict import TIGHT_BANDS, tight_note, verdict
-from ckpt_core._planning.tiers import CONCRETE_TIERS
+from ckpt_core._planning.block_plan import BlockPlan
 from ckpt_core._planning.workload import Workload
 
 # The attention kernel kinds of the activation model, by requested implementation.
@@ -62,10 +67,13 @@ class Facts:
 
 @dataclass(frozen=True, slots=True)
 class Choice:
-    """``auto``'s tier (None = off) and the sentence that justifies it."""
+    """``auto``'s plan (None = off, a tier, or ``"blocks"``) and the sentence that justifies it."""
 
     granularity: str | None
     reason: str
+    candidate: Candidate
+    block_plan: BlockPlan | None = None
+    alternatives: tuple[Alternative, ...] = ()
 
 
 _FACTS: dict[str, Facts] = {}  # config key -> facts; bounded, oldest dropped first
@@ -113,6 +121,10 @@ class Run:
     @property
     def context(self) -> tuple[int, str]:
         return context_bytes(self.gpu)
+
+    @property
+    def peak(self) -> PeakModel:
+        return PeakModel(self.static, self.recipe, self.context[0])
 
 
 def prepare(facts: Facts, workload: Workload, gpu: str | None = None) -> Run:
@@ -201,26 +213,43 @@ def _attention(arch: Arch, requested: str) -> tuple[str, str]:
     return _KERNEL[effective], note
 
 
-def estimate_tiers(run: Run, gpu_memory_gb: float | None) -> dict[str, Any]:
+def estimate_tiers(
+    run: Run, gpu_memory_gb: float | None, tiers: Mapping[str, Candidate] | None = None
+) -> dict[str, Any]:
     """The estimate dict: assumptions and, per tier, activations, both peaks, FLOPs, verdict."""
+    tiers = tiers or tier_candidates(run.facts.arch, run.step, run.peak)
     budget = _budget(gpu_memory_gb, run.workload.headroom)
-    context, context_source = run.context
-    memory = all_tiers(run.facts.arch, run.step, run.static, run.recipe, context_bytes=context)
-    tiers = {
+    band = TIGHT_BANDS[run.step.attention]
+    rows = {
         tier: {
-            "activation_bytes": item.activation_bytes,
-            "allocated_bytes": item.allocated_bytes,
-            "peak_bytes": item.peak_bytes,
-            "recompute_flops_ratio": round(recompute_ratio(run.facts.arch, run.step, tier), 4),
-            **verdict(item.peak_bytes, budget, TIGHT_BANDS[run.step.attention]),
+            "activation_bytes": c.memory.activation_bytes,
+            "allocated_bytes": c.memory.allocated_bytes,
+            "peak_bytes": c.memory.peak_bytes,
+            "recompute_flops_ratio": round(c.ratio, 4),
+            **verdict(c.memory.peak_bytes, budget, band),
         }
-        for tier, item in memory.items()
+        for tier, c in tiers.items()
     }
+    memory = {tier: c.memory for tier, c in tiers.items()}
     assumptions = _assumptions(run, gpu_memory_gb, budget, memory)
-    assumptions["cuda_context_bytes"] = context
-    assumptions["cuda_context_source"] = context_source
-    assumptions["tight_band"] = TIGHT_BANDS[run.step.attention]
-    return {"assumptions": assumptions, "tiers": tiers}
+    assumptions["cuda_context_bytes"], assumptions["cuda_context_source"] = run.context
+    assumptions["tight_band"] = band
+    return {"assumptions": assumptions, "tiers": rows}
+
+
+def chosen_row(candidate: Candidate, budget: int | None, band: float) -> dict[str, Any]:
+    """``estimate["chosen"]``: what the answer does and what it costs, next to the tiers."""
+    return {
+        "granularity": granularity_of(candidate),
+        "blocks_checkpointed": candidate.blocks_in("full"),
+        "blocks_selective": candidate.blocks_in("selective"),
+        "blocks": sum(n for _, n in candidate.counts),
+        "activation_bytes": candidate.memory.activation_bytes,
+        "peak_bytes": candidate.memory.peak_bytes,
+        "recompute_flops_ratio": round(candidate.ratio, 4),
+        "allocated_bytes": candidate.memory.allocated_bytes,
+        **verdict(candidate.memory.peak_bytes, budget, band),
+    }
 
 
 def _budget(gpu_memory_gb: float | None, headroom: float) -> int | None:
@@ -253,31 +282,76 @@ def _assumptions(
     }
 
 
-def choose(run: Run, estimate: Mapping[str, Any], gpu_memory_gb: float | None) -> Choice:
-    """``auto`` with a model: the cheapest tier that fits, or full with the reason why."""
-    tiers = estimate["tiers"]
+def choose(
+    run: Run, estimate: Mapping[str, Any], gpu_memory_gb: float | None, tiers: dict[str, Candidate]
+) -> Choice:
+    """``auto`` with a model: the least recompute that fits, or full with the reason why."""
     if gpu_memory_gb is None:
         return Choice(
             "full",
             "auto with a model but no GPU memory: full, the safe choice (the estimate lists "
             "each tier's peak; pass gpu_memory_gb or gpu to choose by it)",
+            tiers["full"],
         )
+    arch, step = run.facts.arch, run.step
     budget = estimate["assumptions"]["budget_bytes"]
     where = f"{_gib(budget)} usable of {gpu_memory_gb:.1f} GiB (headroom {run.workload.headroom:g})"
-    for tier in CONCRETE_TIERS:
-        if tiers[tier]["fits"]:
-            chosen = None if tier == "off" else tier
-            reason = (
-                f"auto: {tier} is the cheapest tier that fits, estimated peak "
-                f"{_gib(tiers[tier]['peak_bytes'])} <= {where}"
-            )
-            reason += tight_note(tiers[tier], estimate["assumptions"]["tight_band"])
-            return Choice(chosen, reason + selective_note(run, estimate, tier))
+    best = cheapest_fit(arch, step, run.peak, budget, tiers)
+    if best is None:
+        judge, feasible = judges_for(lambda workload: prepare(run.facts, workload, run.gpu), budget)
+        options = tuple(alternatives(run.workload, judge, feasible))
+        reason = (
+            f"auto: nothing fits - even full needs an estimated "
+            f"{_gib(tiers['full'].memory.peak_bytes)} > {where}; {_options_text(run, options)}"
+        )
+        return Choice("full", reason, tiers["full"], alternatives=options)
+    name = granularity_of(best)
+    block_plan = place(arch, best.counts) if best.tier is None else None
     reason = (
-        f"auto: nothing fits - even full needs an estimated {_gib(tiers['full']['peak_bytes'])} "
-        f"> {where}; {_what_would_fit(run, budget)}"
+        f"auto: {_label(best)} has the least recompute that fits "
+        f"({best.ratio:.4f}x the FLOPs of no checkpointing{_next_to_tiers(best, tiers, budget)}), "
+        f"estimated peak {_gib(best.memory.peak_bytes)} <= {where}"
     )
-    return Choice("full", reason)
+    band = estimate["assumptions"]["tight_band"]
+    reason += tight_note(verdict(best.memory.peak_bytes, budget, band), band)
+    granularity = None if name == "off" else name
+    return Choice(granularity, reason + selective_note(run, estimate, name), best, block_plan)
+
+
+def _label(candidate: Candidate) -> str:
+    if candidate.tier is not None:
+        return candidate.tier
+    blocks = sum(n for _, n in candidate.counts)
+    label = f"a block-level plan checkpointing {candidate.blocks_in('full')} of {blocks} blocks"
+    selective = candidate.blocks_in("selective")
+    return label + (f" and the attention of {selective} more" if selective else "")
+
+
+def _next_to_tiers(best: Candidate, tiers: Mapping[str, Candidate], budget: int) -> str:
+    fitting = [c for c in tiers.values() if c.memory.peak_bytes <= budget and c is not best]
+    if best.tier is not None or not fitting:
+        return ""
+    cheapest = min(fitting, key=lambda c: c.ratio)
+    return f"; the cheapest tier that fits, {cheapest.tier}, costs {cheapest.ratio:.4f}x"
+
+
+def _options_text(run: Run, options: tuple[Alternative, ...]) -> str:
+    if not options:
+        return (
+            "no lighter method (LoRA, QLoRA), shorter sequence or smaller micro-batch fits: "
+            f"weights, gradients and optimizer states alone take {_gib(run.static.total)}"
+        )
+    parts = []
+    for option in options:
+        row = option.to_dict(run.workload)
+        changes = ", ".join(f"{key} {value}" for key, value in row["changes"].items())
+        if "gradient_accumulation_factor" in row:
+            changes += f" (gradient accumulation x{row['gradient_accumulation_factor']})"
+        parts.append(
+            f"{changes} fits with {_label(option.candidate)} "
+            f"({row['recompute_flops_ratio']:.4f}x FLOPs, peak {_gib(row['peak_bytes'])})"
+        )
+    return "what would fit: " + "; ".join(parts)
 
 
 def selective_note(run: Run, estimate: Mapping[str, Any], chosen: str) -> str:
@@ -295,94 +369,6 @@ def selective_note(run: Run, estimate: Mapping[str, Any], chosen: str) -> str:
     )
 
 
-def _what_would_fit(run: Run, budget: int) -> str:
-    """Computed alternatives: shorter sequence, smaller micro-batch, LoRA, 4-bit."""
-    workload = run.workload
-    options = []
-    seq = _largest(lambda s: replace(workload, seq_len=s), workload.seq_len - 1, run, budget)
-    if seq:
-        options.append(f"seq_len <= {seq} fits with full")
-    if workload.micro_batch_size > 1:
-        batch = _largest(
-            lambda b: replace(workload, micro_batch_size=b),
-            workload.micro_batch_size - 1,
-            run,
-            budget,
-        )
-        if batch:
-            options.append(f"micro_batch_size <= {batch} fits with full")
-    for label, changed in _cheaper_methods(workload):
-        tier = _first_fitting(run, changed, budget)
-        if tier:
-            options.append(f"{label} fits with {tier}")
-    if not options:
-        return (
-            f"no shorter sequence, smaller micro-batch, LoRA or 4-bit setting fits: weights, "
-            f"gradients and optimizer states alone take {_gib(run.static.total)}"
-        )
-    return "what would fit: " + "; ".join(options)
-
-
-def _cheaper_methods(workload: Workload) -> list[tuple[str, Workload]]:
-    methods = []
-    if workload.method == "full":
-        methods.append(("LoRA (bf16 base)", replace(workload, method="lora", weights=None)))
-    if workload.method != "qlora" or workload.weight_storage != "nf4":
-        methods.append(("QLoRA (4-bit nf4 base)", replace(workload, method="qlora", weights="nf4")))
-    return methods
-
-
-def _full_peak(run: Run, workload: Workload, *, replay: bool = True) -> int:
-    other = prepare(run.facts, workload, run.gpu)
-    return tier_memory(
-        other.facts.arch,
-        other.step,
-        "full",
-        other.static,
-        other.recipe,
-        context_bytes=other.context[0],
-        replay=replay,
-    ).peak_bytes
-
-
-def _largest(make: Any, upper: int, run: Run, budget: int) -> int:
-    """The largest value in [1, upper] whose full-tier peak fits (peaks grow with it).
-
-    Bracketed first without the allocator replay (cheap), then searched with it.
-    """
-
-    def search(low: int, high: int, replay: bool) -> int:
-        while low < high:
-            middle = (low + high + 1) // 2
-            if _full_peak(run, make(middle), replay=replay) <= budget:
-                low = middle
-            else:
-                high = middle - 1
-        return low
-
-    bound = search(0, upper, replay=False)
-    answer = search(0, bound, replay=True)
-    if answer == bound < upper and _full_peak(run, make(bound + 1)) <= budget:
-        answer = search(bound + 1, upper, replay=True)
-    return answer
-
-
-def _first_fitting(run: Run, workload: Workload, budget: int) -> str | None:
-    other = prepare(run.facts, workload, run.gpu)
-    for tier in CONCRETE_TIERS:
-        memory = tier_memory(
-            other.facts.arch,
-            other.step,
-            tier,
-            other.static,
-            other.recipe,
-            context_bytes=other.context[0],
-        )
-        if memory.peak_bytes <= budget:
-            return tier
-    return None
-
-
 def _gib(nbytes: int) -> str:
     return f"{nbytes / GIB:.1f} GiB"
 
@@ -395,6 +381,7 @@ class Advice:
     reason: str
     description: str
     estimate: dict[str, Any]
+    block_plan: BlockPlan | None = None
 
 
 def advise(
@@ -410,17 +397,24 @@ def advise(
     (a GPU-table name) selects its measured CUDA context.
     """
     run = prepare(model_facts(model), parse_workload(workload), gpu)
-    estimate = estimate_tiers(run, gpu_memory_gb)
+    arch = run.facts.arch
+    tiers = tier_candidates(arch, run.step, run.peak)
+    estimate = estimate_tiers(run, gpu_memory_gb, tiers)
+    budget, band = estimate["assumptions"]["budget_bytes"], estimate["assumptions"]["tight_band"]
     if tier == "auto":
-        choice = choose(run, estimate, gpu_memory_gb)
-        chosen = choice.granularity or "off"
+        choice = choose(run, estimate, gpu_memory_gb, tiers)
+        estimate["chosen"] = chosen_row(choice.candidate, budget, band)
+        if choice.alternatives:
+            estimate["alternatives"] = [a.to_dict(run.workload) for a in choice.alternatives]
+        chosen = _label(choice.candidate) if choice.block_plan else choice.granularity or "off"
         description = (
-            f"auto → {chosen} (estimated for {run.facts.arch.model_type}, "
+            f"auto → {chosen} (estimated for {arch.model_type}, "
             f"seq_len {run.workload.seq_len} x micro-batch {run.workload.micro_batch_size})"
         )
-        return Advice(choice.granularity, choice.reason, description, estimate)
+        return Advice(choice.granularity, choice.reason, description, estimate, choice.block_plan)
     from ckpt_core._planning.tiers import describe
 
+    estimate["chosen"] = chosen_row(tiers[tier], budget, band)
     granularity = None if tier == "off" else tier
     reason = f"tier {tier!r} requested; {_fit_sentence(estimate, tier)}"
     reason += selective_note(run, estimate, tier) if tier == "selective" else ""

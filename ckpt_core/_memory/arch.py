@@ -11,7 +11,7 @@ Pure Python: reads attributes of the config object it is given.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any, Final
 
 from ckpt_core._errors import ModelConfigError
@@ -85,6 +85,16 @@ class Arch:
     bias: bool = False  # every linear has a bias (GPT-2, BERT, Falcon with bias=True)
     mlp_bias: bool = False  # Llama-style ``mlp_bias``
     vision: Vision | None = None
+    # The memory model's caches are keyed by the Arch; ``auto``'s search asks them
+    # hundreds of times per answer, so the hash of its ~50 fields is computed once.
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        values = tuple(getattr(self, f.name) for f in fields(self) if f.compare)
+        object.__setattr__(self, "_hash", hash(values))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @property
     def is_moe(self) -> bool:

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from ckpt_core._memory.activations import activation_bytes
+from ckpt_core._memory.activations import Assignment, activation_bytes
 from ckpt_core._memory.allocator import ROUND_LARGE
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.context import DEFAULT_CONTEXT_BYTES
@@ -207,39 +207,59 @@ def recipe_for(layout: ParamLayout, workload: Workload, static: StaticMemory, st
 def tier_memory(
     arch: Arch,
     step: Step,
-    tier: str,
+    assignment: Assignment,
     static: StaticMemory,
     recipe: Recipe | None = None,
     *,
     context_bytes: int = DEFAULT_CONTEXT_BYTES,
     replay: bool = True,
 ) -> TierMemory:
-    """Activations (closed form), transient, the allocated peak and process memory for a tier.
+    """Activations (closed form), transient, the allocated peak and process memory.
 
-    Without a `Recipe`, gradients are held all step (the conservative old default).
-    ``replay=False`` skips the allocator replay: the peak is then the closed-form
-    allocated peak + context, a quick lower bound for searches.
+    The one peak function: the tiers' estimate, ``auto``'s search over
+    block-level plans and the alternatives all call it (through `PeakModel`).
+    Without a `Recipe`, gradients are held all step (the conservative old
+    default).  A tier is replayed through the caching allocator; a block-level
+    assignment takes the closed-form allocated peak plus the full tier's
+    replayed fragmentation.  ``replay=False`` skips the replay: the peak is then
+    the closed-form allocated peak + context, a quick lower bound for searches.
     """
-    activations = activation_bytes(arch, step, tier)
-    transient = transient_bytes(arch, step, tier)
+    activations = activation_bytes(arch, step, assignment)
+    transient = transient_bytes(arch, step, assignment)
     recipe = recipe or Recipe(gradients=static.gradients, gradients_held=True)
     # Everything resident but the gradients (sharded states, gathered units, buckets).
     resident = static.total - static.gradients
-    moments = allocated_moments(arch, step, tier, resident, recipe)
+    moments = allocated_moments(arch, step, assignment, resident, recipe)
     allocated = max(moments.values())
     if recipe.trace is None or not replay:
         reserved = -(-allocated // ROUND_LARGE) * ROUND_LARGE
     else:
+        tier = assignment if isinstance(assignment, str) else "full"
         simulated, reserved = simulate(arch, tier, recipe.trace)
         # The replay holds one whole replica: a GPU of a sharded group (its share, the
         # gathered units, the buckets) takes the closed-form peak, and the replay's
         # fragmentation on top.
-        if _replayed_exactly(arch) and static.total == static.replica_total:
+        exact = isinstance(assignment, str) and static.total == static.replica_total
+        if exact and _replayed_exactly(arch):
             allocated = simulated
         reserved = allocated + reserved - simulated
     allocated += WORKSPACE_BYTES
     reserved += WORKSPACE_BYTES
     return TierMemory(activations, transient, allocated, reserved + context_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class PeakModel:
+    """What a step's peak needs besides the assignment: its model states and recipe."""
+
+    static: StaticMemory
+    recipe: Recipe | None = None
+    context_bytes: int = DEFAULT_CONTEXT_BYTES
+
+    def of(self, arch: Arch, step: Step, assignment: Assignment) -> TierMemory:
+        return tier_memory(
+            arch, step, assignment, self.static, self.recipe, context_bytes=self.context_bytes
+        )
 
 
 def _replayed_exactly(arch: Arch) -> bool:

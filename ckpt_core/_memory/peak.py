@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ckpt_core._memory.activations import activation_bytes, head_bytes
+from ckpt_core._memory.activations import Assignment, activation_bytes, head_bytes
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.ledger import Step
 from ckpt_core._memory.transient import loss_backward, recomputed, widest_gradients
@@ -62,7 +62,7 @@ class Recipe:
 
 
 def allocated_moments(
-    arch: Arch, step: Step, tier: str, resident: int, recipe: Recipe
+    arch: Arch, step: Step, tier: Assignment, resident: int, recipe: Recipe
 ) -> dict[str, int]:
     """Allocated bytes at each competing moment; ``resident`` = weights + optimizer states."""
     activations = activation_bytes(arch, step, tier)

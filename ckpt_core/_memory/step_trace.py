@@ -142,7 +142,7 @@ def _step(sim: Sim, arch: Arch, tier: str, recipe: TraceRecipe) -> None:
         else sim.new(4)
     )
     block = functools.partial(_block, arch=arch, recipe=recipe, mask=mask)
-    for _, _, mode in block_modes(arch, tier):
+    for mode in block_modes(arch, tier):
         if mode == "full":
             out = sim.checkpoint(block, hidden)
         else:

@@ -21,20 +21,23 @@ not subtract the head's buffers, already freed by then (Llama-2-7B shape, seq
 
 from __future__ import annotations
 
-from ckpt_core._memory.activations import largest_block
+import functools
+
+from ckpt_core._memory.activations import Assignment, largest_block, mode_counts
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.families import family_of
 from ckpt_core._memory.ledger import Step
-from ckpt_core._planning.tiers import ConcreteTier
 
 
-def transient_bytes(arch: Arch, step: Step, tier: ConcreteTier) -> int:
-    """Bytes allocated temporarily during the backward of ``tier`` (peak of the two moments)."""
+def transient_bytes(arch: Arch, step: Step, assignment: Assignment) -> int:
+    """Bytes allocated temporarily during the backward of ``assignment`` (the larger moment)."""
     return max(
-        loss_backward(arch, step), recomputed(arch, step, tier) + widest_gradients(arch, step)
+        loss_backward(arch, step),
+        recomputed(arch, step, assignment) + widest_gradients(arch, step),
     )
 
 
+@functools.lru_cache(maxsize=1024)
 def loss_backward(arch: Arch, step: Step) -> int:
     logits = step.tokens * arch.vocab
     loss_bytes = 4 if family_of(arch).loss_in_fp32 else step.dtype_bytes
@@ -42,16 +45,19 @@ def loss_backward(arch: Arch, step: Step) -> int:
     return 2 * loss_bytes * logits + softcap
 
 
-def recomputed(arch: Arch, step: Step, tier: ConcreteTier) -> int:
-    """Activations a checkpointed block (or attention) holds again while it is differentiated."""
-    if tier == "off":
+def recomputed(arch: Arch, step: Step, assignment: Assignment) -> int:
+    """Activations a checkpointed block (or attention) holds again while it is differentiated.
+
+    One region is recomputed at a time: the largest of the modes the assignment uses.
+    """
+    modes = {mode for (mode, _), count in mode_counts(arch, assignment) if count and mode != "off"}
+    if not modes:
         return 0
     plain = largest_block(arch, step, "off")
-    if tier == "selective":
-        return plain - largest_block(arch, step, "selective")
-    return plain - largest_block(arch, step, "full")
+    return max(plain - largest_block(arch, step, mode) for mode in modes)
 
 
+@functools.lru_cache(maxsize=1024)
 def widest_gradients(arch: Arch, step: Step) -> int:
     elem_bytes, tokens = step.dtype_bytes, step.tokens
     inner = arch.intermediate * (2 if arch.glu else 1)

@@ -61,11 +61,13 @@ def measure_activation_bytes(
     micro_batch_size: int,
     dtype: str = "bf16",
     attention: str = "sdpa",
+    block_plan: Any = None,
 ) -> int:
     """Bytes autograd keeps at the end of one training forward of ``model``.
 
     ``granularity``: ``None`` / ``"off"``, ``"selective"``, ``"medium"`` or
-    ``"full"``.  Hooks for it are installed if the model has none (and removed
+    ``"full"``, or ``"blocks"`` with ``block_plan`` (a `Plan.block_plan`).
+    Hooks for it are installed if the model has none (and removed
     afterwards); a model already hooked for exactly that granularity is used
     as is.  The model is cast to ``dtype`` (``bf16`` / ``fp16`` / ``fp32``,
     honouring ``_keep_in_fp32_modules``) and put in training mode for the run,
@@ -77,7 +79,7 @@ def measure_activation_bytes(
     """
     import torch
 
-    level = _parse_granularity(granularity)
+    level = "blocks" if granularity == "blocks" else _parse_granularity(granularity)
     workload = Workload(
         seq_len=seq_len, micro_batch_size=micro_batch_size, dtype=dtype, attention=attention
     )
@@ -89,7 +91,7 @@ def measure_activation_bytes(
     with contextlib.ExitStack() as stack:
         stack.enter_context(_cast(model, torch_dtype))
         stack.enter_context(_attention_implementation(model, implementation, on_meta))
-        stack.enter_context(_hooks(model, level))
+        stack.enter_context(_hooks(model, level, block_plan))
         stack.enter_context(_training(model))
         if on_meta:
             stack.enter_context(no_data_dependent_mask_checks())
@@ -303,7 +305,7 @@ def _attention_implementation(
 
 
 @contextlib.contextmanager
-def _hooks(model: nn.Module, granularity: str) -> Iterator[None]:
+def _hooks(model: nn.Module, granularity: str, block_plan: Any = None) -> Iterator[None]:
     """Make the model carry exactly ``granularity``'s hooks for the run.
 
     Hooks this call installs are removed afterwards; hooks the caller had
@@ -332,7 +334,7 @@ def _hooks(model: nn.Module, granularity: str) -> Iterator[None]:
             )
         yield
         return
-    report = install_checkpoint_hooks(model, granularity)
+    report = install_checkpoint_hooks(model, granularity, block_plan=block_plan)
     try:
         foreign = [f"{name} ({why})" for name, why in report.skipped if why != "already hooked"]
         if foreign:

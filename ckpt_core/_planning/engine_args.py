@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from ckpt_core._planning.tiers import Granularity
+from ckpt_core._planning.tiers import PlanGranularity
 from ckpt_core._planning.training_args import TrainerSettings, Version
 from ckpt_core._planning.workload import Workload
 
@@ -37,7 +37,7 @@ def uses_fsdp(workload: Workload | None) -> bool:
 
 def engine_settings(
     settings: TrainerSettings,
-    granularity: Granularity | None,
+    granularity: PlanGranularity | None,
     version: Version,
     workload: Workload | None,
 ) -> TrainerSettings:
@@ -57,11 +57,12 @@ def engine_settings(
     else:
         strategy = "full_shard" if workload.sharding == "zero3" else "shard_grad_op"
         kwargs["fsdp"] = f"{strategy} auto_wrap" + (" offload" if workload.offload == "all" else "")
-    hooks = granularity if granularity in ("medium", "selective") else None
+    # Anything short of every block is hooks on the blocks FSDP wraps (a block plan too).
+    hooks = granularity if granularity in ("medium", "selective", "blocks") else None
     return TrainerSettings(kwargs, hooks=hooks)  # type: ignore[arg-type]
 
 
-def engine_sentence(granularity: Granularity | None, workload: Workload | None) -> str:
+def engine_sentence(granularity: PlanGranularity | None, workload: Workload | None) -> str:
     """How the plan's checkpointing reaches the engine, for the plan's reason ("" when as usual)."""
     if workload is None or not uses_fsdp(workload):
         return ""

@@ -15,6 +15,8 @@ from ckpt_core._errors import InvalidGpuMemoryError, InvalidTierError
 
 Tier = Literal["off", "full", "medium", "selective", "auto"]
 Granularity = Literal["full", "medium", "selective"]
+# What a plan checkpoints: a tier's granularity, or a block-level plan (``auto`` with a model).
+PlanGranularity = Literal["full", "medium", "selective", "blocks"]
 TierLike = bool | str | None
 
 # A concrete tier names what to checkpoint (every tier but auto, which chooses one).

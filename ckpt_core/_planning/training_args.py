@@ -21,8 +21,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from ckpt_core._errors import UnsupportedTransformersVersionError
-from ckpt_core._planning.tiers import Granularity
+from ckpt_core._errors import InvalidGranularityError, UnsupportedTransformersVersionError
+from ckpt_core._planning.block_plan import BlockPlan
+from ckpt_core._planning.tiers import PlanGranularity
 
 Version = tuple[int, int, int]
 
@@ -32,7 +33,10 @@ ACTIVATION_NAMES_SINCE: Final[Version] = (5, 23, 0)
 
 _VERSION_RE: Final = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?(.*?)\s*$", re.ASCII)
 
+# The hooks a worker installs for a tier (the public name, in the service's schema) ...
 HookKind = Literal["medium", "selective"]
+# ... or for any plan: a block-level plan's block set is "blocks".
+PlanHookKind = Literal["medium", "selective", "blocks"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +44,7 @@ class TrainerSettings:
     """The TrainingArguments kwargs for a tier and the hooks the worker still owes."""
 
     training_arguments: dict[str, Any]
-    hooks: HookKind | None
+    hooks: PlanHookKind | None
 
 
 def parse_transformers_version(text: object, *, field: str = "transformers_version") -> Version:
@@ -100,14 +104,23 @@ def installed_transformers_version() -> str | None:
 
 
 def trainer_settings(
-    granularity: Granularity | None, transformers_version: Version
+    granularity: PlanGranularity | None,
+    transformers_version: Version,
+    block_plan: BlockPlan | None = None,
 ) -> TrainerSettings:
     """Kwargs that make the HF Trainer checkpoint exactly `granularity`, no more.
 
     HF is turned explicitly off for off and selective: trainers such as TRL's
     SFTConfig default the flag to on, and selective hooks under HF's own full
-    checkpointing would nest recomputation.
+    checkpointing would nest recomputation.  A block-level plan (``"blocks"``)
+    is HF's when it is exactly ``every_n_layers=N`` and the release knows the
+    kwarg, else HF off and the worker hooks its block set.
     """
+    if (granularity == "blocks") != (block_plan is not None):
+        raise InvalidGranularityError(
+            "a block plan goes with granularity 'blocks', and only with it",
+            field="block_plan",
+        )
     if transformers_version < MIN_TRANSFORMERS:
         raise UnsupportedTransformersVersionError(
             f"transformers {_format(transformers_version)} is too old: non-reentrant "
@@ -118,11 +131,12 @@ def trainer_settings(
     non_reentrant: dict[str, Any] = {"use_reentrant": False}
     if granularity == "full":
         return TrainerSettings({on_key: True, kwargs_key: non_reentrant}, hooks=None)
-    if granularity == "medium" and transformers_version >= EVERY_N_LAYERS_SINCE:
+    every_n = 2 if granularity == "medium" else block_plan and block_plan.every_n_layers
+    if every_n and transformers_version >= EVERY_N_LAYERS_SINCE:
         return TrainerSettings(
-            {on_key: True, kwargs_key: {**non_reentrant, "every_n_layers": 2}}, hooks=None
+            {on_key: True, kwargs_key: {**non_reentrant, "every_n_layers": every_n}}, hooks=None
         )
-    hooks: HookKind | None = granularity  # medium on old releases, or selective
+    hooks: PlanHookKind | None = granularity  # medium on old releases, selective, or blocks
     return TrainerSettings({on_key: False}, hooks=hooks)
 
 

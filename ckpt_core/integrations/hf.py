@@ -9,8 +9,9 @@ A plan has two halves and a worker needs both:
    jobs end up checkpointing twice or not at all.  FSDP plans also set ``fsdp``
    and the keys of ``fsdp_config`` they decide (``activation_checkpointing``,
    resharding, offload); the worker's other ``fsdp_config`` keys are kept.
-2. Hooks (``plan.hooks``: selective, or medium on releases without
-   ``every_n_layers``): `CheckpointPlanCallback` installs them at train begin
+2. Hooks (``plan.hooks``: selective, medium on releases without
+   ``every_n_layers``, or a block-level plan's ``blocks`` with
+   ``plan.block_plan``): `CheckpointPlanCallback` installs them at train begin
    on the model the Trainer actually trains - after PEFT wrapping (TRL wraps
    inside ``SFTTrainer.__init__``) and after the Trainer has switched its own
    checkpointing on or off, before the first step - and removes them at train
@@ -167,7 +168,7 @@ def apply_plan(model: nn.Module, plan: Plan) -> HookReport | None:
     """
     if plan.hooks is None:
         return None
-    return install_checkpoint_hooks(model, plan.hooks)
+    return install_checkpoint_hooks(model, plan.hooks, block_plan=plan.block_plan)
 
 
 def remove_hooks(model: nn.Module, report: HookReport | None) -> int:

@@ -1,0 +1,183 @@
+"""``auto`` with a model: the assignment with the least recompute whose peak fits.
+
+The space is every count of off / selective / full blocks per kind of block
+(sliding or global attention, MoE or dense, encoder or decoder): the four
+tiers are points of it, block-level plans the rest.  Each point is judged by
+the one peak function (`ckpt_core._memory.estimate.tier_memory`) against the
+budget and ranked by its recompute FLOPs ratio (`ckpt_core._memory.flops`).
+
+The search walks ``F`` = blocks checkpointed whole from 0 to L and, for each,
+finds the fewest selective blocks ``S`` that fit: more checkpointing keeps
+less, so that fewest only shrinks as ``F`` grows and one pass over both is
+enough (about 2 L peak evaluations, not L^2); it stops once ``F`` full blocks
+alone cost more than the best plan so far.  With several kinds, full and
+selective blocks go first to the kinds that save the most bytes per
+recomputed FLOP.  The four tiers are judged too, so the answer never costs
+more than the cheapest fitting tier.  Pure arithmetic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ckpt_core._memory.activations import ModeCounts, block_bytes, block_kinds, mode_counts
+from ckpt_core._memory.arch import Arch, BlockKind
+from ckpt_core._memory.estimate import PeakModel, TierMemory
+from ckpt_core._memory.flops import kind_flops, recompute_ratio
+from ckpt_core._memory.ledger import BlockMode, Step
+from ckpt_core._planning.tiers import CONCRETE_TIERS, ConcreteTier
+
+MODES: tuple[BlockMode, ...] = ("off", "selective", "full")
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One assignment with its memory and cost; ``tier`` names it when it is a tier's."""
+
+    counts: ModeCounts
+    memory: TierMemory
+    ratio: float
+    tier: ConcreteTier | None
+
+    def blocks_in(self, mode: BlockMode) -> int:
+        return sum(n for (m, _), n in self.counts if m == mode)
+
+
+def granularity_of(candidate: Candidate) -> str:
+    """The tier's name, or ``"blocks"`` for a block-level plan."""
+    return candidate.tier or "blocks"
+
+
+def canonical(arch: Arch, counts: ModeCounts) -> ModeCounts:
+    """The same counts in one order, zeros dropped (equal assignments compare equal)."""
+    totals: dict[tuple[BlockMode, BlockKind], int] = {}
+    for key, n in counts:
+        totals[key] = totals.get(key, 0) + n
+    return tuple(
+        ((mode, kind), totals[(mode, kind)])
+        for kind, _ in block_kinds(arch)
+        for mode in MODES
+        if totals.get((mode, kind))
+    )
+
+
+def evaluate(arch: Arch, step: Step, peak: PeakModel, counts: ModeCounts) -> Candidate:
+    """The peak and the recompute ratio of one assignment."""
+    counts = canonical(arch, counts)
+    memory = peak.of(arch, step, counts)
+    return Candidate(counts, memory, recompute_ratio(arch, step, counts), _tier_of(arch, counts))
+
+
+def tier_candidates(arch: Arch, step: Step, peak: PeakModel) -> dict[str, Candidate]:
+    """The four tiers as candidates (named by the tier even when two coincide)."""
+    return {
+        tier: Candidate(
+            canonical(arch, mode_counts(arch, tier)),
+            peak.of(arch, step, tier),
+            recompute_ratio(arch, step, tier),
+            tier,
+        )
+        for tier in CONCRETE_TIERS
+    }
+
+
+def cheapest_fit(
+    arch: Arch, step: Step, peak: PeakModel, budget: int, tiers: dict[str, Candidate]
+) -> Candidate | None:
+    """The least recompute among the tiers and block-level plans whose peak fits ``budget``."""
+    fitting = [c for c in tiers.values() if c.memory.peak_bytes <= budget]
+    if tiers["off"] in fitting:
+        return tiers["off"]  # nothing recomputes less
+    walked = _walk(arch, step, peak, budget)
+    if walked is not None:
+        fitting.append(evaluate(arch, step, peak, walked))
+    if not fitting:
+        return None
+    return min(fitting, key=lambda c: (c.ratio, c.memory.peak_bytes, c.tier is None))
+
+
+def _tier_of(arch: Arch, counts: ModeCounts) -> ConcreteTier | None:
+    return next(
+        (t for t in CONCRETE_TIERS if canonical(arch, mode_counts(arch, t)) == counts), None
+    )
+
+
+def _walk(arch: Arch, step: Step, peak: PeakModel, budget: int) -> ModeCounts | None:
+    """The cheapest of: for each count of full blocks, the fewest selective blocks that fit."""
+    kinds = dict(block_kinds(arch))
+    layers = sum(kinds.values())
+    order_full, order_selective = _kind_orders(arch, step)
+    fit_cache: dict[tuple[int, int], bool] = {}
+
+    def counts_of(full: int, selective: int) -> ModeCounts:
+        return _distribute(kinds, full, selective, order_full, order_selective)
+
+    def fits(full: int, selective: int) -> bool:
+        known = fit_cache.get((full, selective))
+        if known is None:
+            needed = peak.of(arch, step, counts_of(full, selective)).peak_bytes
+            known = fit_cache[(full, selective)] = needed <= budget
+        return known
+
+    best: tuple[float, ModeCounts] | None = None
+    selective = layers
+    for full in range(layers + 1):
+        if best is not None and recompute_ratio(arch, step, counts_of(full, 0)) >= best[0]:
+            break  # more full blocks only cost more
+        selective = min(selective, layers - full)
+        if not fits(full, selective):
+            while selective < layers - full and not fits(full, selective):
+                selective += 1
+            if not fits(full, selective):
+                selective = layers - full
+                continue
+        while selective > 0 and fits(full, selective - 1):
+            selective -= 1
+        if selective > 0 and fits(full, 0):
+            selective = 0  # the first selective block adds its recompute working set
+        counts = counts_of(full, selective)
+        ratio = recompute_ratio(arch, step, counts)
+        if best is None or ratio < best[0]:
+            best = (ratio, counts)
+    return None if best is None else best[1]
+
+
+def _kind_orders(arch: Arch, step: Step) -> tuple[list[BlockKind], list[BlockKind]]:
+    """Kinds by bytes saved per recomputed FLOP, best first, for full and for selective."""
+    flops = kind_flops(arch, step)
+
+    def efficiency(kind: BlockKind, mode: BlockMode) -> float:
+        saved = block_bytes(arch, step, "off", kind)[0] - block_bytes(arch, step, mode, kind)[0]
+        return saved / max(flops[kind].recomputed(mode), 1)
+
+    kinds = [kind for kind, _ in block_kinds(arch)]
+    return (
+        sorted(kinds, key=lambda k: -efficiency(k, "full")),
+        sorted(kinds, key=lambda k: -efficiency(k, "selective")),
+    )
+
+
+def _distribute(
+    kinds: dict[BlockKind, int],
+    full: int,
+    selective: int,
+    order_full: list[BlockKind],
+    order_selective: list[BlockKind],
+) -> ModeCounts:
+    """``full`` then ``selective`` blocks handed to the kinds in their orders."""
+    left = dict(kinds)
+    counts: list[tuple[tuple[BlockMode, BlockKind], int]] = []
+    plan: tuple[tuple[BlockMode, int, list[BlockKind]], ...] = (
+        ("full", full, order_full),
+        ("selective", selective, order_selective),
+    )
+    for mode, wanted, order in plan:
+        remaining = wanted
+        for kind in order:
+            take = min(remaining, left[kind])
+            if take:
+                counts.append(((mode, kind), take))
+                left[kind] -= take
+                remaining -= take
+    counts += [(("off", kind), n) for kind, n in left.items() if n]
+    return tuple(counts)

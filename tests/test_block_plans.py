@@ -1,0 +1,260 @@
+"""auto by recompute cost, block-level plans and the alternatives when nothing fits.
+
+The three cases of issue 16 are checked by their qualitative outcome and by
+invariants (never a plan whose peak exceeds the budget, monotone in GPU
+memory), not by byte counts: the peak model may be recalibrated.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from ckpt_core import InvalidGranularityError, Plan, make_plan
+from ckpt_core._memory.activations import block_layout
+from ckpt_core._memory.advise import model_facts, parse_workload, prepare
+from ckpt_core._memory.placement import place
+from ckpt_core._memory.search import canonical, evaluate
+from ckpt_core._planning.block_plan import BlockPlan, every_n_set
+from ckpt_core._planning.training_args import parse_transformers_version, trainer_settings
+
+GIB = 2**30
+
+
+def auto(gpu: str | float, preset: str, **workload: Any) -> Plan:
+    memory = {"gpu": gpu} if isinstance(gpu, str) else {"gpu_memory_gb": gpu}
+    return make_plan("auto", **memory, model={"preset": preset}, workload=workload)
+
+
+def budget_of(result: Plan) -> int:
+    return result.estimate["assumptions"]["budget_bytes"]
+
+
+def test_h200_llama_1b_lora_32k_prefers_medium_to_selective() -> None:
+    result = auto("H200", "llama-3.2-1b", seq_len=32768, method="lora")
+    tiers, chosen = result.estimate["tiers"], result.estimate["chosen"]
+    assert tiers["selective"]["fits"] and tiers["medium"]["fits"]
+    # at long sequences attention dominates: selective recomputes more than medium
+    assert tiers["medium"]["recompute_flops_ratio"] < tiers["selective"]["recompute_flops_ratio"]
+    assert result.granularity != "selective"
+    assert chosen["recompute_flops_ratio"] <= tiers["medium"]["recompute_flops_ratio"]
+    assert chosen["fits"] and chosen["peak_bytes"] <= budget_of(result)
+    assert "least recompute" in result.reason and "cheapest tier" not in result.reason.split(";")[0]
+
+
+def test_a100_40gb_llama_8b_lora_4k_is_a_block_level_plan_cheaper_than_full() -> None:
+    result = auto("A100-40GB", "llama-3.1-8b", seq_len=4096, method="lora")
+    tiers, chosen = result.estimate["tiers"], result.estimate["chosen"]
+    assert not tiers["medium"]["fits"] and tiers["full"]["fits"]
+    assert result.granularity == "blocks" and chosen["granularity"] == "blocks"
+    assert chosen["recompute_flops_ratio"] < tiers["full"]["recompute_flops_ratio"]
+    assert tiers["full"]["peak_bytes"] < chosen["peak_bytes"] <= budget_of(result)
+    assert 0 < chosen["blocks_checkpointed"] < chosen["blocks"] == 32
+    plan = BlockPlan.from_value(result.block_plan)
+    assert len(plan.full) == chosen["blocks_checkpointed"]
+    assert len(plan.selective) == chosen["blocks_selective"]
+    if plan.every_n_layers is None:  # not HF's every_n_layers: HF off, our hooks
+        assert result.hooks == "blocks"
+        assert result.training_arguments == {"activation_checkpointing": False}
+
+
+def test_rtx_4090_llama_8b_full_8k_answers_qlora_or_a_shorter_sequence() -> None:
+    result = auto("RTX 4090", "llama-3.1-8b", seq_len=8192)
+    assert "nothing fits" in result.reason and result.granularity == "full"
+    options = result.estimate["alternatives"]
+    assert any(o["changes"].get("method") == "qlora" or "seq_len" in o["changes"] for o in options)
+    assert any(o["changes"].get("method") == "qlora" for o in options)
+    for option in options:
+        assert option["peak_bytes"] <= budget_of(result)
+        assert set(option) >= {
+            "changes",
+            "granularity",
+            "blocks_checkpointed",
+            "peak_bytes",
+            "recompute_flops_ratio",
+        }
+        assert option["changes"]
+    assert "qlora" in result.reason
+
+
+SWEEP = [
+    ("llama-3.1-8b", {"seq_len": 4096, "method": "lora"}),
+    ("gemma-2-9b", {"seq_len": 8192, "method": "lora"}),  # sliding and global blocks
+    ("qwen3-30b-a3b", {"seq_len": 8192, "method": "qlora"}),  # MoE
+    ("t5-base", {"seq_len": 512, "micro_batch_size": 64}),  # encoder and decoder stacks
+    ("gemma-3-4b", {"seq_len": 32768, "method": "lora"}),  # a vision tower counted first
+]
+
+
+@pytest.mark.parametrize(("preset", "workload"), SWEEP)
+def test_auto_never_exceeds_the_budget_and_is_monotone_in_gpu_memory(
+    preset: str, workload: dict
+) -> None:
+    ratios = []
+    for gib in (12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 141, 192):
+        result = auto(gib, preset, **workload)
+        chosen = result.estimate["chosen"]
+        ratios.append(chosen["recompute_flops_ratio"])
+        if "nothing fits" in result.reason:
+            continue
+        assert chosen["fits"] and chosen["peak_bytes"] <= budget_of(result)
+        for row in result.estimate["tiers"].values():
+            if row["fits"]:
+                assert chosen["recompute_flops_ratio"] <= row["recompute_flops_ratio"]
+        if result.block_plan is not None:
+            _assert_block_plan_is_the_chosen_counts(preset, workload, result)
+    assert ratios == sorted(ratios, reverse=True)
+
+
+def _assert_block_plan_is_the_chosen_counts(preset: str, workload: dict, result: Plan) -> None:
+    """The placed blocks have the counts the search judged: same peak, same ratio."""
+    run = prepare(model_facts({"preset": preset}), parse_workload(workload))
+    arch = run.facts.arch
+    plan = BlockPlan.from_value(result.block_plan)
+    counts: dict = {}
+    for counter, _, _, kind in block_layout(arch):
+        mode = (
+            "full" if counter in plan.full else "selective" if counter in plan.selective else "off"
+        )
+        counts[(mode, kind)] = counts.get((mode, kind), 0) + 1
+    placed = evaluate(arch, run.step, run.peak, tuple(counts.items()))
+    chosen = result.estimate["chosen"]
+    assert placed.memory.peak_bytes == chosen["peak_bytes"]
+    assert round(placed.ratio, 4) == chosen["recompute_flops_ratio"]
+
+
+def test_a_plan_equal_to_every_n_layers_is_hfs_on_releases_that_know_it() -> None:
+    plan = BlockPlan(16, every_n_set(16, 8), (), every_n_layers=8)
+    new = trainer_settings("blocks", parse_transformers_version("5.24.0"), plan)
+    assert new.hooks is None
+    assert new.training_arguments == {
+        "activation_checkpointing": True,
+        "activation_checkpointing_kwargs": {"use_reentrant": False, "every_n_layers": 8},
+    }
+    old = trainer_settings("blocks", parse_transformers_version("5.15.0"), plan)
+    assert old.hooks == "blocks" and old.training_arguments == {"gradient_checkpointing": False}
+    mixed = BlockPlan(16, (0, 5, 10), (3,))
+    assert trainer_settings("blocks", parse_transformers_version("5.24.0"), mixed).hooks == "blocks"
+
+
+def test_placement_finds_hfs_every_n_layers_across_stacks_and_kinds() -> None:
+    run = prepare(model_facts({"preset": "llama-3.2-1b"}), parse_workload({"seq_len": 1024}))
+    arch = run.facts.arch
+    ((_, kind),) = {(0, k) for *_, k in block_layout(arch)}
+    assert place(arch, ((("full", kind), 4), (("off", kind), 12))).every_n_layers == 4
+    odd = place(arch, ((("full", kind), 5), (("off", kind), 11)))
+    assert odd.every_n_layers is None and len(odd.full) == 5
+    mixed = place(arch, ((("full", kind), 4), (("selective", kind), 3), (("off", kind), 9)))
+    assert mixed.every_n_layers is None and len(mixed.selective) == 3
+    assert not set(mixed.full) & set(mixed.selective)
+    assert canonical(arch, ((("off", kind), 9), (("full", kind), 7))) == (
+        (("off", kind), 9),
+        (("full", kind), 7),
+    )
+
+
+def test_a_vision_tower_shifts_hfs_counter() -> None:
+    result = auto(48, "gemma-3-4b", seq_len=32768, method="lora")
+    run = prepare(model_facts({"preset": "gemma-3-4b"}), parse_workload({"seq_len": 1024}))
+    first_text_block = block_layout(run.facts.arch)[0][0]
+    assert first_text_block == run.facts.arch.vision.layers > 0
+    if result.block_plan is not None and result.block_plan["every_n_layers"] is None:
+        assert min(result.block_plan["full"] + result.block_plan["selective"]) >= first_text_block
+
+
+def test_plan_with_a_block_plan_round_trips_through_json() -> None:
+    result = auto("A100-40GB", "llama-3.1-8b", seq_len=4096, method="lora")
+    data = json.loads(json.dumps(result.to_dict()))
+    assert Plan.from_dict(data) == result
+    assert set(data["block_plan"]) == {"blocks", "full", "selective", "every_n_layers"}
+    assert set(data["estimate"]["chosen"]) == {
+        "granularity",
+        "blocks_checkpointed",
+        "blocks_selective",
+        "blocks",
+        "activation_bytes",
+        "peak_bytes",
+        "recompute_flops_ratio",
+        "allocated_bytes",
+        "fits",
+        "margin_bytes",
+        "tight",
+        "verdict",
+    }
+
+
+@pytest.mark.parametrize(
+    ("value", "field"),
+    [
+        ({"blocks": 4, "full": [0, 4]}, "block_plan.full"),
+        ({"blocks": 4, "full": [2, 1]}, "block_plan.full"),
+        ({"blocks": 4, "full": [1], "selective": [1]}, "block_plan.selective"),
+        ({"blocks": 4, "full": [1], "every_n_layers": 2}, "block_plan.every_n_layers"),
+        ({"blocks": 0, "full": []}, "block_plan.blocks"),
+        ({"blocks": 4, "full": ["0"]}, "block_plan.full"),
+        ({"blocks": 4}, "block_plan"),
+        ({"blocks": 4, "full": [0], "layers": 2}, "block_plan"),
+        ([0, 1], "block_plan"),
+    ],
+)
+def test_a_bad_block_plan_is_an_error_naming_the_field(value: object, field: str) -> None:
+    with pytest.raises(InvalidGranularityError) as caught:
+        BlockPlan.from_value(value)
+    assert caught.value.field == field
+
+
+def test_blocks_without_a_block_plan_is_refused() -> None:
+    with pytest.raises(InvalidGranularityError):
+        trainer_settings("blocks", parse_transformers_version("5.24.0"))
+    with pytest.raises(InvalidGranularityError):
+        trainer_settings("full", parse_transformers_version("5.24.0"), BlockPlan(4, (0,)))
+
+
+def test_explicit_tiers_and_the_seed_rule_are_unchanged() -> None:
+    for tier in ("off", "selective", "medium", "full"):
+        result = make_plan(tier, 24, model={"preset": "llama-3.2-1b"}, workload={"seq_len": 512})
+        assert result.block_plan is None
+        assert result.estimate["chosen"]["granularity"] == tier
+    for gib, granularity in ((16, "full"), (40, "medium"), (141, "selective")):
+        assert make_plan("auto", gib).granularity == granularity
+
+
+def test_without_gpu_memory_auto_with_a_model_stays_full() -> None:
+    result = make_plan("auto", model={"preset": "llama-3.2-1b"}, workload={"seq_len": 512})
+    assert result.granularity == "full" and result.estimate["chosen"]["fits"] is None
+
+
+@pytest.mark.parametrize("preset", ["llama-3.2-1b", "gemma-3-1b", "qwen3-30b-a3b", "t5-base"])
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_full_has_the_lowest_peak_of_any_assignment(preset: str, method: str) -> None:
+    """What the alternatives' bisection on the sequence length relies on."""
+    from itertools import product
+
+    from ckpt_core._memory.activations import block_kinds
+    from ckpt_core._memory.search import tier_candidates
+
+    for seq in (256, 4096):
+        run = prepare(
+            model_facts({"preset": preset}), parse_workload({"seq_len": seq, "method": method})
+        )
+        arch, step, peak = run.facts.arch, run.step, run.peak
+        lowest = tier_candidates(arch, step, peak)["full"].memory.peak_bytes
+        kinds = block_kinds(arch)
+        choices = [
+            [(kind, f, s) for f in range(0, n + 1, 3) for s in range(0, n - f + 1, 3)]
+            for kind, n in kinds
+        ]
+        sizes = dict(kinds)
+        for choice in product(*choices):
+            counts = tuple(
+                item
+                for kind, f, s in choice
+                for item in (
+                    (("full", kind), f),
+                    (("selective", kind), s),
+                    (("off", kind), sizes[kind] - f - s),
+                )
+            )
+            assert evaluate(arch, step, peak, counts).memory.peak_bytes >= lowest, (seq, choice)
