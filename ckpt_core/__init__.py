@@ -30,18 +30,31 @@ from ckpt_core._models import ModelConfig, build_meta_model, load_model_config
 from ckpt_core._plan import Plan, make_plan
 from ckpt_core._presets import PresetInfo, list_presets, load_preset
 from ckpt_core._seed_api import describe_tier, resolve_gradient_checkpointing, resolve_granularity
+from ckpt_core._tiers import _SYNONYMS as TIER_SYNONYMS
 from ckpt_core._tiers import (
     AUTO_FULL_THRESHOLD_GB,
     AUTO_SELECTIVE_THRESHOLD_GB,
     GRANULARITIES,
+    MAX_GPU_MEMORY_GB,
     TIERS,
     Granularity,
     Tier,
     TierLike,
     parse_tier,
 )
-from ckpt_core._training_args import HookKind, installed_transformers_version
-from ckpt_core._workload import Workload
+from ckpt_core._training_args import MIN_TRANSFORMERS, HookKind, installed_transformers_version
+from ckpt_core._workload import (
+    ATTENTIONS,
+    DTYPES,
+    MAX_HEADROOM,
+    MAX_LORA_RANK,
+    MAX_MICRO_BATCH,
+    MAX_SEQ_LEN,
+    METHODS,
+    OPTIMIZERS,
+    WEIGHT_STORAGES,
+    Workload,
+)
 
 # Public names whose modules import torch: loaded on first attribute access.
 _LAZY: dict[str, str] = {
@@ -66,12 +79,24 @@ _LAZY: dict[str, str] = {
 }
 
 __all__ = [
+    "ATTENTIONS",
     "AUTO_FULL_THRESHOLD_GB",
     "AUTO_SELECTIVE_THRESHOLD_GB",
+    "DTYPES",
     "GPUS",
     "GRANULARITIES",
+    "MAX_GPU_MEMORY_GB",
+    "MAX_HEADROOM",
+    "MAX_LORA_RANK",
+    "MAX_MICRO_BATCH",
+    "MAX_SEQ_LEN",
     "MEASURE_FIELDS",
+    "METHODS",
+    "MIN_TRANSFORMERS",
+    "OPTIMIZERS",
     "TIERS",
+    "TIER_SYNONYMS",
+    "WEIGHT_STORAGES",
     "Answer",
     "CheckpointConflictError",
     "CheckpointPlanCallback",

@@ -1,71 +1,191 @@
-"""Request and response bodies (pydantic v2): shapes and documentation, no logic.
+"""Request and response bodies (pydantic v2): the contract's types, choices and ranges.
 
-Values that ckpt_core validates (tier, GPU memory, GPU name, transformers
-version, workload, measurement shape) are accepted here as any JSON and
-passed through unchanged, so the service has exactly one validator - ckpt_core's,
-with its clear messages and field paths - while the OpenAPI document still
-shows their types.  Response models mirror `Plan`, `DryRunReport` and
-`PresetInfo` field for field (a test keeps them in step).
+Request fields carry their real types and bounds, built from ckpt_core's constants
+(`service.contract` states the rules once, for the document and the validators);
+values that pass are handed to ckpt_core in canonical spelling, and ckpt_core's
+own checks - the cross-field ones included, which the models document with
+``anyOf`` / ``not`` - still run, with their messages and fields.  Response models
+mirror `Plan`, `DryRunReport` and `PresetInfo` field for field (a test keeps them
+in step).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
-from ckpt_core import Granularity, HookKind, Tier
+from ckpt_core import (
+    ATTENTIONS,
+    DTYPES,
+    MAX_HEADROOM,
+    MAX_LORA_RANK,
+    MAX_MICRO_BATCH,
+    MAX_SEQ_LEN,
+    METHODS,
+    OPTIMIZERS,
+    WEIGHT_STORAGES,
+    Granularity,
+    HookKind,
+    Tier,
+    UnknownGpuError,
+    UnknownPresetError,
+    lookup_gpu,
+    parse_tier,
+)
+from service.contract import (
+    CHOICE_RULE,
+    GPU_CHOICE,
+    GPU_MEMORY_SCHEMA,
+    PRESET_CHOICE,
+    TIER_CHOICE,
+    VERSION_PATTERN,
+    Choice,
+    choice_validator,
+    gpu_memory,
+    transformers_version,
+)
 
-_NUMBER_OR_NULL = {"anyOf": [{"type": "number"}, {"type": "null"}]}
-_STRING_OR_NULL = {"anyOf": [{"type": "string"}, {"type": "null"}]}
-_OBJECT_OR_NULL = {"anyOf": [{"type": "object"}, {"type": "null"}]}
+_NULL = {"type": "null"}
+
+
+def _tier(value: Any) -> Any:
+    if value is None or isinstance(value, bool):
+        return value
+    return _TIER_NAME(value)
+
+
+def refuse_gpu(value: object) -> None:
+    if not isinstance(value, str):
+        raise UnknownGpuError(f"gpu must be a GPU name, got {value!r}", field="gpu")
+    lookup_gpu(value)
+
+
+def _refuse_preset(value: object) -> None:
+    if not isinstance(value, str):
+        return  # a type error, not a name
+    names = ", ".join(PRESET_CHOICE.words)
+    raise UnknownPresetError(
+        f"unknown preset {value!r}; known presets: {names}", field="model.preset"
+    )
+
+
+_TIER_NAME = choice_validator(TIER_CHOICE, parse_tier)
 
 TierField = Annotated[
-    Any,
-    WithJsonSchema({"anyOf": [{"type": "boolean"}, {"type": "string"}, {"type": "null"}]}),
+    bool | str | None,
+    BeforeValidator(_tier),
+    WithJsonSchema(
+        {"anyOf": [{"type": "boolean"}, _NULL, TIER_CHOICE.schema()]},
+    ),
     Field(
-        description="off | full | medium | selective | auto (trimmed, case-insensitive), "
-        "true (full), false / null / '' (off). Anything else is a 422 naming the valid tiers.",
+        description="Required. off | full | medium | selective | auto; true (full); "
+        "false, null, '', 'none', 'false' (off). " + CHOICE_RULE,
         examples=["auto"],
     ),
 ]
 GpuMemoryField = Annotated[
-    Any,
-    WithJsonSchema(_NUMBER_OR_NULL),
+    float | int | None,
+    BeforeValidator(gpu_memory),
+    WithJsonSchema({"anyOf": [GPU_MEMORY_SCHEMA, _NULL]}),
     Field(
         description="Total GPU memory in GiB (2**30 bytes) as torch reports it; "
-        "finite, > 0, <= 4096. Give this or `gpu`, not both.",
+        "> 0, <= 4096. Give this or `gpu`, not both.",
         examples=[79.2],
     ),
 ]
 GpuField = Annotated[
-    Any,
-    WithJsonSchema(_STRING_OR_NULL),
+    str | None,
+    BeforeValidator(choice_validator(GPU_CHOICE, refuse_gpu, nullable=True)),
+    WithJsonSchema({"anyOf": [GPU_CHOICE.schema(), _NULL]}),
     Field(
-        description="A GPU model name from the GPU table, e.g. A100-80GB.", examples=["H100-80GB"]
+        description="A GPU model name or alias from the GPU table (e.g. A100-80GB, "
+        "'NVIDIA H100 80GB HBM3'). " + CHOICE_RULE,
+        examples=["H100-80GB"],
     ),
 ]
 TransformersVersionField = Annotated[
-    Any,
-    WithJsonSchema(_STRING_OR_NULL),
+    str | None,
+    BeforeValidator(transformers_version),
+    WithJsonSchema({"anyOf": [{"type": "string", "pattern": VERSION_PATTERN}, _NULL]}),
     Field(
         description="The worker's transformers version (decides the TrainingArguments "
-        "names); default: the service's installed version.",
+        "names), >= 4.35.0; default: the service's installed version.",
         examples=["5.24.0"],
     ),
 ]
 
 
+def _choice_field(choice: Choice, description: str) -> Any:
+    return Annotated[
+        str,
+        BeforeValidator(choice_validator(choice, lambda _: None)),
+        WithJsonSchema(choice.schema()),
+        Field(description=f"{description}. {CHOICE_RULE}"),
+    ]
+
+
+DtypeField = _choice_field(Choice(DTYPES), " | ".join(DTYPES) + " (compute / activations)")
+WeightsField = _choice_field(Choice(WEIGHT_STORAGES), " | ".join(WEIGHT_STORAGES))
+MethodField = _choice_field(Choice(METHODS), " | ".join(METHODS))
+OptimizerField = _choice_field(Choice(OPTIMIZERS), " | ".join(OPTIMIZERS))
+AttentionField = _choice_field(Choice(ATTENTIONS), " | ".join(ATTENTIONS))
+_QLORA = Choice(["qlora"])
+_QUANTIZED = Choice(["nf4", "int8"])
+
+
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    # python-re: patterns match as Python's re does, the engine the document's
+    # consumers in this project (the fuzz test) generate with.
+    model_config = ConfigDict(
+        extra="forbid", protected_namespaces=(), strict=True, regex_engine="python-re"
+    )
+
+
+class MeasureSpec(_Request):
+    """One batch x sequence to measure activation bytes for (meta device)."""
+
+    seq_len: int = Field(ge=1, le=MAX_SEQ_LEN, description="Tokens per sequence.")
+    micro_batch_size: int = Field(1, ge=1, le=MAX_MICRO_BATCH)
+    dtype: DtypeField = "bf16"
+    attention: AttentionField = "sdpa"
+
+
+class WorkloadSpec(MeasureSpec):
+    """The training step (DESIGN section 5); every field but seq_len has a default."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            # qlora trains adapters over quantized weights (ckpt_core refuses others).
+            "anyOf": [
+                {"properties": {"method": {"not": _QLORA.schema()}}},
+                {"properties": {"weights": {"anyOf": [_NULL, _QUANTIZED.schema()]}}},
+            ]
+        }
+    )
+
+    weights: WeightsField | None = Field(
+        None, description="Weight storage; null: the dtype (nf4 for qlora)."
+    )
+    method: MethodField = "full"
+    lora_rank: int = Field(16, ge=1, le=MAX_LORA_RANK)
+    lora_targets: list[Annotated[str, Field(pattern=r"\S")]] | None = Field(
+        None,
+        min_length=1,
+        description="Module-name suffixes LoRA adapts; null: every linear of attention and MLP.",
+    )
+    optimizer: OptimizerField = "adamw"
+    headroom: float = Field(
+        0.1, ge=0, le=MAX_HEADROOM, description="Fraction of GPU memory kept free."
+    )
 
 
 class ModelSpec(_Request):
     """Exactly one of `preset` (a bundled config, see GET /presets) or `config`."""
 
     model_config = ConfigDict(
-        strict=True,
         json_schema_extra={
+            "oneOf": [{"required": ["preset"]}, {"required": ["config"]}],
             "examples": [
                 {"preset": "llama-3.1-8b"},
                 {
@@ -78,12 +198,17 @@ class ModelSpec(_Request):
                         "vocab_size": 1000,
                     }
                 },
-            ]
+            ],
         },
     )
 
-    preset: str | None = Field(None, description="Name of a bundled preset.")
-    config: dict[str, Any] | None = Field(
+    # Defaults are not validated: absent is None, an explicit null is refused.
+    preset: Annotated[
+        str,
+        BeforeValidator(choice_validator(PRESET_CHOICE, _refuse_preset)),
+        WithJsonSchema(PRESET_CHOICE.schema()),
+    ] = Field(None, description="Name of a bundled preset. " + CHOICE_RULE)
+    config: dict[str, Any] = Field(
         None,
         description="Inline HF config.json content. Bounded (layers, widths, vocabulary, "
         "experts, parameters); auto_map / remote code is refused.",
@@ -94,11 +219,29 @@ class ModelSpec(_Request):
         return self.model_dump(exclude_none=True)
 
 
+# Both a GPU name and a GPU memory: ckpt_core refuses the pair.
+_NOT_GPU_AND_MEMORY = {
+    "not": {
+        "required": ["gpu", "gpu_memory_gb"],
+        "properties": {"gpu": {"type": "string"}, "gpu_memory_gb": {"type": "number"}},
+    }
+}
+
+
 class ResolveRequest(_Request):
     """Resolve a tier into TrainingArguments kwargs and worker hooks."""
 
     model_config = ConfigDict(
         json_schema_extra={
+            **_NOT_GPU_AND_MEMORY,
+            # A model and a workload go together (the estimate needs both).
+            "anyOf": [
+                {"properties": {"model": _NULL, "workload": _NULL}},
+                {
+                    "required": ["model", "workload"],
+                    "properties": {"model": {"type": "object"}, "workload": {"type": "object"}},
+                },
+            ],
             "examples": [
                 {"tier": "auto", "gpu": "A100-80GB"},
                 {"tier": "medium", "gpu_memory_gb": 23.6, "transformers_version": "5.10.0"},
@@ -108,27 +251,30 @@ class ResolveRequest(_Request):
                     "model": {"preset": "llama-3.1-8b"},
                     "workload": {"seq_len": 4096, "micro_batch_size": 2, "method": "lora"},
                 },
-            ]
+            ],
         }
     )
 
-    tier: TierField = None
+    tier: TierField
     gpu_memory_gb: GpuMemoryField = None
     gpu: GpuField = None
     transformers_version: TransformersVersionField = None
     model: ModelSpec | None = Field(
         None, description="The model; with a workload, every tier is estimated."
     )
-    workload: Annotated[
-        Any,
-        WithJsonSchema(_OBJECT_OR_NULL),
-        Field(
-            description="The training step (required with a model): seq_len (required), "
-            "micro_batch_size, dtype, weights, method, lora_rank, lora_targets, optimizer, "
-            "attention, headroom.",
-            examples=[{"seq_len": 4096, "micro_batch_size": 2, "method": "lora"}],
-        ),
-    ] = None
+    workload: WorkloadSpec | None = Field(
+        None, description="The training step; required with a model, refused without one."
+    )
+
+    def plan_kwargs(self) -> dict[str, Any]:
+        """`ckpt_core.make_plan` keyword arguments except the model."""
+        return {
+            "tier": self.tier,
+            "gpu_memory_gb": self.gpu_memory_gb,
+            "gpu": self.gpu,
+            "transformers_version": self.transformers_version,
+            "workload": self.workload.model_dump() if self.workload is not None else None,
+        }
 
 
 class DryRunRequest(_Request):
@@ -136,6 +282,7 @@ class DryRunRequest(_Request):
 
     model_config = ConfigDict(
         json_schema_extra={
+            **_NOT_GPU_AND_MEMORY,
             "examples": [
                 {"model": {"preset": "llama-3.2-1b"}, "tier": "selective"},
                 {
@@ -144,24 +291,18 @@ class DryRunRequest(_Request):
                     "gpu": "A100-80GB",
                     "measure": {"seq_len": 2048, "micro_batch_size": 1},
                 },
-            ]
+            ],
         }
     )
 
     model: ModelSpec
-    tier: TierField = None
+    tier: TierField
     gpu_memory_gb: GpuMemoryField = None
     gpu: GpuField = None
     transformers_version: TransformersVersionField = None
-    measure: Annotated[
-        Any,
-        WithJsonSchema(_OBJECT_OR_NULL),
-        Field(
-            description="Measure activation bytes for one batch x sequence: seq_len "
-            "(required), micro_batch_size, dtype, attention.",
-            examples=[{"seq_len": 2048, "micro_batch_size": 1}],
-        ),
-    ] = None
+    measure: MeasureSpec | None = Field(
+        None, description="Measure activation bytes for one batch x sequence."
+    )
 
     def as_kwargs(self) -> dict[str, Any]:
         """`ckpt_core.dry_run` keyword arguments."""
@@ -171,7 +312,7 @@ class DryRunRequest(_Request):
             "gpu_memory_gb": self.gpu_memory_gb,
             "gpu": self.gpu,
             "transformers_version": self.transformers_version,
-            "measure": self.measure,
+            "measure": self.measure.model_dump() if self.measure is not None else None,
         }
 
 
