@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from ckpt_core._arch import FAMILIES as ESTIMATE_FAMILIES
 from ckpt_core._config_json import ConfigLimits, model_config_key
 from ckpt_core._dry_run import MEASURE_FIELDS, DryRunReport, dry_run, measure_shape
 from ckpt_core._errors import (
@@ -83,6 +84,7 @@ __all__ = [
     "AUTO_FULL_THRESHOLD_GB",
     "AUTO_SELECTIVE_THRESHOLD_GB",
     "DTYPES",
+    "ESTIMATE_FAMILIES",
     "GPUS",
     "GRANULARITIES",
     "MAX_GPU_MEMORY_GB",

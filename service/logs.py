@@ -114,15 +114,22 @@ def configure_logging(level: str) -> None:
 
 
 def flush_logs() -> None:
-    """Write every queued line and stop the writer thread (`configure_logging` restarts it)."""
-    global _listener  # noqa: PLW0603
+    """Write every line queued so far (the writer thread is stopped, then started again)."""
     with _lock:
         if _listener is not None:
             _listener.stop()  # processes what is queued, then joins the thread
+            _listener.start()
+
+
+def _stop_listener() -> None:
+    global _listener  # noqa: PLW0603
+    with _lock:
+        if _listener is not None:
+            _listener.stop()
             _listener = None
 
 
-atexit.register(flush_logs)
+atexit.register(_stop_listener)
 
 
 def uvicorn_log_config(level: str) -> dict[str, Any]:

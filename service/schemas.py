@@ -11,13 +11,14 @@ in step).
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from ckpt_core import (
     ATTENTIONS,
     DTYPES,
+    ESTIMATE_FAMILIES,
     MAX_HEADROOM,
     MAX_LORA_RANK,
     MAX_MICRO_BATCH,
@@ -30,6 +31,8 @@ from ckpt_core import (
     Tier,
     UnknownGpuError,
     UnknownPresetError,
+    list_presets,
+    load_preset,
     lookup_gpu,
     parse_tier,
 )
@@ -47,6 +50,16 @@ from service.contract import (
 )
 
 _NULL = {"type": "null"}
+
+
+def _integral(value: Any) -> Any:
+    """JSON Schema counts 4.0 as an integer; ckpt_core takes an int."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+JsonInt = Annotated[int, BeforeValidator(_integral)]
 
 
 def _tier(value: Any) -> Any:
@@ -131,6 +144,7 @@ MethodField = _choice_field(Choice(METHODS), " | ".join(METHODS))
 OptimizerField = _choice_field(Choice(OPTIMIZERS), " | ".join(OPTIMIZERS))
 AttentionField = _choice_field(Choice(ATTENTIONS), " | ".join(ATTENTIONS))
 _QLORA = Choice(["qlora"])
+_FULL = Choice(["full"])
 _QUANTIZED = Choice(["nf4", "int8"])
 
 
@@ -145,8 +159,8 @@ class _Request(BaseModel):
 class MeasureSpec(_Request):
     """One batch x sequence to measure activation bytes for (meta device)."""
 
-    seq_len: int = Field(ge=1, le=MAX_SEQ_LEN, description="Tokens per sequence.")
-    micro_batch_size: int = Field(1, ge=1, le=MAX_MICRO_BATCH)
+    seq_len: JsonInt = Field(ge=1, le=MAX_SEQ_LEN, description="Tokens per sequence.")
+    micro_batch_size: JsonInt = Field(1, ge=1, le=MAX_MICRO_BATCH)
     dtype: DtypeField = "bf16"
     attention: AttentionField = "sdpa"
 
@@ -156,10 +170,24 @@ class WorkloadSpec(MeasureSpec):
 
     model_config = ConfigDict(
         json_schema_extra={
-            # qlora trains adapters over quantized weights (ckpt_core refuses others).
-            "anyOf": [
-                {"properties": {"method": {"not": _QLORA.schema()}}},
-                {"properties": {"weights": {"anyOf": [_NULL, _QUANTIZED.schema()]}}},
+            "allOf": [
+                # qlora trains adapters over quantized weights (nf4 or int8) ...
+                {
+                    "not": {
+                        "required": ["method", "weights"],
+                        "properties": {
+                            "method": _QLORA.schema(),
+                            "weights": {"type": "string", "not": _QUANTIZED.schema()},
+                        },
+                    }
+                },
+                # ... and a full fine-tune (the default method) cannot train them.
+                {
+                    "not": {
+                        "required": ["weights"],
+                        "properties": {"method": _FULL.schema(), "weights": _QUANTIZED.schema()},
+                    }
+                },
             ]
         }
     )
@@ -168,7 +196,7 @@ class WorkloadSpec(MeasureSpec):
         None, description="Weight storage; null: the dtype (nf4 for qlora)."
     )
     method: MethodField = "full"
-    lora_rank: int = Field(16, ge=1, le=MAX_LORA_RANK)
+    lora_rank: JsonInt = Field(16, ge=1, le=MAX_LORA_RANK)
     lora_targets: list[Annotated[str, Field(pattern=r"\S")]] | None = Field(
         None,
         min_length=1,
@@ -219,6 +247,47 @@ class ModelSpec(_Request):
         return self.model_dump(exclude_none=True)
 
 
+# Presets whose families learn absolute positions: a longer sequence is refused
+# (by ckpt_core, for the estimate and the measurement).  A test checks this table
+# against ckpt_core for every preset.
+LEARNED_POSITION_KEYS: Final = {"gpt2": "n_positions", "bert": "max_position_embeddings"}
+
+
+def learned_positions() -> dict[str, int]:
+    """Preset name -> the longest sequence its learned positions allow."""
+    limits = {}
+    for preset in list_presets():
+        key = LEARNED_POSITION_KEYS.get(preset.model_type)
+        if key is not None:
+            limits[preset.name] = int(load_preset(preset.name)[key])
+    return limits
+
+
+def _not_beyond_positions(shape: str) -> dict[str, Any]:
+    """``not`` (a preset with learned positions and a longer `shape`.seq_len)."""
+    return {
+        "allOf": [
+            {
+                "not": {
+                    "required": ["model", shape],
+                    "properties": {
+                        "model": {
+                            "required": ["preset"],
+                            "properties": {"preset": Choice([name]).schema()},
+                        },
+                        shape: {
+                            "type": "object",
+                            "required": ["seq_len"],
+                            "properties": {"seq_len": {"type": "integer", "minimum": limit + 1}},
+                        },
+                    },
+                }
+            }
+            for name, limit in learned_positions().items()
+        ]
+    }
+
+
 # Both a GPU name and a GPU memory: ckpt_core refuses the pair.
 _NOT_GPU_AND_MEMORY = {
     "not": {
@@ -234,6 +303,24 @@ class ResolveRequest(_Request):
     model_config = ConfigDict(
         json_schema_extra={
             **_NOT_GPU_AND_MEMORY,
+            "allOf": [
+                *_not_beyond_positions("workload")["allOf"],
+                # The estimate has a memory model for these model types only.
+                {
+                    "properties": {
+                        "model": {
+                            "properties": {
+                                "config": {
+                                    "required": ["model_type"],
+                                    "properties": {
+                                        "model_type": {"enum": sorted(ESTIMATE_FAMILIES)}
+                                    },
+                                }
+                            }
+                        }
+                    }
+                },
+            ],
             # A model and a workload go together (the estimate needs both).
             "anyOf": [
                 {"properties": {"model": _NULL, "workload": _NULL}},
@@ -283,6 +370,7 @@ class DryRunRequest(_Request):
     model_config = ConfigDict(
         json_schema_extra={
             **_NOT_GPU_AND_MEMORY,
+            **_not_beyond_positions("measure"),
             "examples": [
                 {"model": {"preset": "llama-3.2-1b"}, "tier": "selective"},
                 {
