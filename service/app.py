@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from importlib import metadata
@@ -24,6 +25,7 @@ from service.logs import configure_logging, flush_logs
 from service.metrics import Metrics
 from service.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from service.plans import Planner
+from service.pool import MAIN_GUARD_HINT
 from service.routes import dry_runs, ops, plans, presets
 from service.security import BearerAuthMiddleware, JSONCORSMiddleware, cors_options
 from service.settings import Settings
@@ -70,6 +72,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     Worker processes start in the lifespan, in the background: ``/healthz``
     answers at once, ``/readyz`` once the workers are warm.
     """
+    main = sys.modules.get("__mp_main__")
+    if main is not None and main is not sys.modules.get("__main__"):
+        # multiprocessing runs the main script as __mp_main__ in a new worker
+        # (runpy): this is a dry-run worker importing the script that started us.
+        raise RuntimeError(
+            f"create_app() ran while a worker process imported the main module; {MAIN_GUARD_HINT}"
+        )
     settings = settings or Settings()
     metrics = Metrics()
 

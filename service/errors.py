@@ -203,7 +203,8 @@ def _validation_error_body(error: Mapping[str, Any]) -> tuple[str, str, str | No
 
 async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    errors = list(exc.errors())
+    # An unknown field first: it explains the rest (a misspelt seq_len is also missing).
+    errors = sorted(exc.errors(), key=lambda e: e.get("type") != "extra_forbidden")
     if not errors:
         return error_response(422, "invalid_request", "the request is invalid", None)
     code, detail, field = _validation_error_body(errors[0])
