@@ -56,7 +56,7 @@ class Planner:
 
     async def resolve(self, body: ResolveRequest) -> bytes:
         """The JSON answer of ``POST /resolve`` for a validated body."""
-        if body.model is None:
+        if body.model is None and body.workload is None:
             key = (body.tier, body.gpu_memory_gb, body.gpu, body.transformers_version)
             answer = self.answers.get(key)
             if answer is None:

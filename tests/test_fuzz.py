@@ -159,7 +159,17 @@ def _with_real_targets(body: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]
         return st.just(body)  # the request is invalid anyway (no model, a bad one)
     suffixes = sorted({n.rsplit(".", 1)[-1] for n in names} | set(names))
     targets = st.lists(st.sampled_from(suffixes), min_size=1, max_size=3)
-    return targets.map(lambda t: {**body, "workload": {**workload, "lora_targets": t}})
+    return targets.map(functools.partial(_set_targets, body))
+
+
+# Named functions, not lambdas: hypothesis reads a lambda's source to describe
+# it, scanning sys.modules while the app's threads may be importing.
+def _set_targets(body: dict[str, Any], targets: list[str]) -> dict[str, Any]:
+    return {**body, "workload": {**body["workload"], "lora_targets": targets}}
+
+
+def _set_config(body: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    return {**body, "model": {**body["model"], "config": config}}
 
 
 @schema.hook
@@ -172,7 +182,7 @@ def flatmap_body(context: Any, body: Any) -> st.SearchStrategy[Any]:
         measured = isinstance(body.get("measure"), dict)
         configs = _real_config(context.operation.path, model["config"], measured)
         if configs is not None:
-            with_config = configs.map(lambda c: {**body, "model": {**model, "config": c}})
+            with_config = configs.map(functools.partial(_set_config, body))
             return with_config.flatmap(_with_real_targets)
     return _with_real_targets(body)
 
@@ -226,15 +236,21 @@ _LEAVES = st.one_of(
     st.sampled_from(["", "sdpa", "eager", "flash_attention_2", "bfloat16", "silu", "linear"]),
     st.text(max_size=6),
 )
-_VALUES = st.recursive(
-    _LEAVES,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(_KEYS), inner),
-    max_leaves=6,
-)
+
+
+def _nested(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(_KEYS), inner)
+
+
+_VALUES = st.recursive(_LEAVES, _nested, max_leaves=6)
+
+
+def _changed(arch: str, layers: int, changes: dict[str, Any]) -> dict[str, Any]:
+    return {**_tiny(arch, layers), **changes}
 
 
 _CONFIGS = st.builds(
-    lambda arch, layers, changes: {**_tiny(arch, layers), **changes},
+    _changed,
     st.sampled_from(ARCHS),
     st.integers(1, 4),
     st.one_of(st.just({}), st.dictionaries(st.sampled_from(_KEYS), _VALUES, max_size=3)),
