@@ -23,7 +23,8 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from ckpt_core import ConfigLimits, ModelConfig, Plan, load_model_config, make_plan
-from service.schemas import DescribeResponse, PlanResponse, ResolveRequest
+from service.responses import DescribeResponse, PlanResponse
+from service.schemas import ResolveRequest
 
 ANSWER_CACHE_SIZE: Final = 1024
 MODEL_ANSWER_CACHE_SIZE: Final = 256

@@ -19,14 +19,8 @@ from service.contract import GPU_CHOICE, TIER_CHOICE, VERSION_PATTERN, Choice
 from service.errors import MalformedJSONError, field_path
 from service.jsonbody import is_json_media_type, strict_loads
 from service.negotiation import prefers_text
-from service.schemas import (
-    DryRunResponse,
-    MeasureSpec,
-    PlanResponse,
-    PresetSummary,
-    WorkloadSpec,
-    learned_positions,
-)
+from service.responses import DryRunResponse, PlanResponse, PresetSummary
+from service.schemas import MeasureSpec, WorkloadSpec, learned_positions
 from service.settings import Settings
 
 

@@ -7,7 +7,8 @@ from typing import Any
 from fastapi import APIRouter, Response
 
 from service.jsonbody import StrictJSONRoute
-from service.schemas import DryRunRequest, DryRunResponse, error_responses
+from service.responses import DryRunResponse, error_responses
+from service.schemas import DryRunRequest
 from service.state import State
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["dry runs"])

@@ -19,13 +19,8 @@ from service.contract import (
 )
 from service.jsonbody import StrictJSONRoute
 from service.negotiation import prefers_text
-from service.schemas import (
-    DescribeResponse,
-    PlanResponse,
-    ResolveRequest,
-    error_responses,
-    refuse_gpu,
-)
+from service.responses import DescribeResponse, PlanResponse, error_responses
+from service.schemas import ResolveRequest, refuse_gpu
 from service.state import State
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["plans"])
