@@ -223,19 +223,19 @@ def throughput_table(runs: Runs, endpoints: tuple[Endpoint, ...], concurrency: l
 
 
 def ratio_table(runs: Runs, concurrency: list[int]) -> tuple[str, bool]:
-    """Service vs bare per concurrency; the targets: req/s >= 0.9x, p99 <= 1.5x."""
+    """Service vs bare per concurrency; the targets: req/s >= 0.8x, p99 <= 1.5x."""
     rows, all_met = [], True
     for ours, bare in ((RESOLVE, BARE_POST), (DESCRIBE, BARE_GET)):
         for connections in concurrency:
             rps_ratio, p99_ratio = _paired(
                 runs[ours.name, connections], runs[bare.name, connections]
             )
-            met = rps_ratio >= 0.9 and p99_ratio <= 1.5
+            met = rps_ratio >= RPS_TARGET and p99_ratio <= 1.5
             all_met &= met
             rows.append(
                 [f"{ours.name} / {bare.name}", connections, rps_ratio, p99_ratio, _yes(met)]
             )
-    headers = ["pair", "conc.", "req/s ratio (>= 0.9)", "p99 ratio (<= 1.5)", "met"]
+    headers = ["pair", "conc.", f"req/s ratio (>= {RPS_TARGET})", "p99 ratio (<= 1.5)", "met"]
     return table(headers, rows), all_met
 
 
@@ -295,6 +295,11 @@ def saturation_table(runs: Runs, concurrency: list[int]) -> tuple[str, bool]:
 
 def _yes(met: bool) -> str:
     return "yes" if met else "NO"
+
+
+# The service on public APIs only (its access log through `logging`) against a
+# bare FastAPI app: at least 0.8x the requests per second.
+RPS_TARGET = 0.8
 
 
 def _verdict(met: bool | None) -> str:

@@ -29,7 +29,8 @@ class LifespanState(TypedDict):
     service: ServiceState
 
 
-def service_state(request: Request) -> ServiceState:
+async def service_state(request: Request) -> ServiceState:
+    """The app's `ServiceState` (async: FastAPI runs a plain `def` dependency in a thread)."""
     state: ServiceState = request.state.service
     return state
 
