@@ -6,7 +6,7 @@ in the server process BEFORE a worker is involved; only a bounded config
 reaches the pool.  What needs transformers' config class (its own checks, the
 parameter and expert totals) the worker checks before it builds: 1-2 ms of
 pure Python per config, which in this process would hold the GIL against the
-event loop at every dry run (``bench/http.py``'s saturation run).  Reports are
+event loop at every dry run (``bench/http_load.py``'s saturation run).  Reports are
 cached by what determines them: the canonical config key, tier, granularity,
 GPU memory, measurement shape and the library versions.
 """
