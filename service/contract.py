@@ -85,13 +85,18 @@ PRESET_CHOICE: Final = Choice(preset.name for preset in list_presets())
 
 
 def choice_validator(
-    choice: Choice, refuse: Callable[[object], object], nullable: bool = False
+    choice: Choice,
+    refuse: Callable[[object], object],
+    nullable: bool = False,
+    error: Callable[..., Exception] | None = None,
+    field: str | None = None,
 ) -> Callable[[Any], Any]:
     """A pydantic before-validator: the canonical name, else `refuse(value)`'s error.
 
     `refuse` is the ckpt_core check for the field (its message lists the names);
     a value it would still accept (Unicode case folding, say) is outside the rule
-    all the same, and refused here.
+    all the same, and refused here - as `error` (a ckpt_core error class, so the
+    answer's code is the field's usual one) when given.
     """
 
     def validate(value: Any) -> Any:
@@ -101,7 +106,10 @@ def choice_validator(
         if canonical is not None:
             return canonical
         refuse(value)
-        raise type_error(value, choice)
+        problem = type_error(value, choice)
+        if error is not None:
+            raise error(str(problem), field=field)
+        raise problem
 
     return validate
 

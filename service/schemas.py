@@ -25,6 +25,7 @@ from ckpt_core import (
     METHODS,
     OPTIMIZERS,
     WEIGHT_STORAGES,
+    InvalidTierError,
     UnknownGpuError,
     UnknownPresetError,
     list_presets,
@@ -79,7 +80,7 @@ def _refuse_preset(value: object) -> None:
     )
 
 
-_TIER_NAME = choice_validator(TIER_CHOICE, parse_tier)
+_TIER_NAME = choice_validator(TIER_CHOICE, parse_tier, error=InvalidTierError, field="tier")
 
 TierField = Annotated[
     bool | str | None,
@@ -105,7 +106,9 @@ GpuMemoryField = Annotated[
 ]
 GpuField = Annotated[
     str | None,
-    BeforeValidator(choice_validator(GPU_CHOICE, refuse_gpu, nullable=True)),
+    BeforeValidator(
+        choice_validator(GPU_CHOICE, refuse_gpu, nullable=True, error=UnknownGpuError, field="gpu")
+    ),
     WithJsonSchema({"anyOf": [GPU_CHOICE.schema(), _NULL]}),
     Field(
         description="A GPU model name or alias from the GPU table (e.g. A100-80GB, "

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import PlainTextResponse
 from pydantic import AfterValidator, BeforeValidator, WithJsonSchema
 
-from ckpt_core import parse_tier
+from ckpt_core import InvalidTierError, UnknownGpuError, parse_tier
 from service.contract import (
     CHOICE_RULE,
     GPU_CHOICE,
@@ -55,7 +55,11 @@ async def describe(
     state: State,
     tier: Annotated[
         str | None,
-        BeforeValidator(choice_validator(TIER_CHOICE, parse_tier, nullable=True)),
+        BeforeValidator(
+            choice_validator(
+                TIER_CHOICE, parse_tier, nullable=True, error=InvalidTierError, field="tier"
+            )
+        ),
         WithJsonSchema(TIER_CHOICE.schema(examples=["auto"])),
         Query(
             description="As for /resolve (true / false as words); absent means off. " + CHOICE_RULE,
@@ -70,7 +74,11 @@ async def describe(
     ] = None,
     gpu: Annotated[
         str | None,
-        BeforeValidator(choice_validator(GPU_CHOICE, refuse_gpu, nullable=True)),
+        BeforeValidator(
+            choice_validator(
+                GPU_CHOICE, refuse_gpu, nullable=True, error=UnknownGpuError, field="gpu"
+            )
+        ),
         WithJsonSchema(GPU_CHOICE.schema(examples=["H100-80GB"])),
         Query(description="A GPU name. " + CHOICE_RULE, examples=["H100-80GB"]),
     ] = None,
