@@ -26,15 +26,17 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY requirements/service.lock ./requirements/
 COPY ckpt_core ./ckpt_core
 COPY service ./service
 
-# One pip call: the [service] extra pins torch and transformers.  DL3013
-# (unpinned pip install) does not apply: this installs the local project,
-# whose dependencies are pinned in pyproject.toml.
+# One pip call: the [service] extra at the exact versions of the lock file
+# (scripts/lock.sh).  DL3013 (unpinned pip install) does not apply: this
+# installs the local project, every dependency constrained by the lock.
 # hadolint ignore=DL3013
 RUN python3 -m venv "$VIRTUAL_ENV" \
-    && pip install ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} ".[service]" \
+    && pip install ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} \
+        -c requirements/service.lock ".[service]" \
     && python -c "import torch; assert not torch.version.cuda, 'CUDA torch installed'" \
     && rm -rf /src
 

@@ -1,11 +1,11 @@
 """Where the service's own time per request goes: the ASGI app called directly, layer by layer.
 
-Run: ``.venv/bin/python bench/asgi_layers.py`` (``--requests`` 3000 per
+Run: ``.venv/bin/python -m bench.asgi_layers`` (``--requests`` 3000 per
 timing, ``--rounds`` 5).
 
 No server, no sockets: each request is a fresh ASGI scope handed to the app
 in a loop, so the figures are the app's own microseconds per request, without
-uvicorn's HTTP parsing (which both sides of ``bench/http.py`` pay alike).
+uvicorn's HTTP parsing (which both sides of ``bench/http_load.py`` pay alike).
 Variants, each timed in turn per round (the table shows the minimum and the
 median over rounds):
 
@@ -19,16 +19,11 @@ median over rounds):
 Differences between rows are the cost of what the row removes.
 """
 
-# ruff: noqa: E402 - sys.path must be fixed before the imports below
 from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import tempfile
 import time
@@ -64,6 +59,10 @@ def _scope(method: str, path: str, query: bytes, body: bytes) -> dict[str, Any]:
     }
 
 
+# id(app) -> the state its lifespan yielded.
+_STATES: dict[int, dict[str, Any]] = {}
+
+
 async def _call(app: App, method: str, path: str, query: bytes, body: bytes) -> None:
     status = 0
 
@@ -75,7 +74,9 @@ async def _call(app: App, method: str, path: str, query: bytes, body: bytes) -> 
         if message["type"] == "http.response.start":
             status = message["status"]
 
-    await app(_scope(method, path, query, body), receive, send)
+    scope = _scope(method, path, query, body)
+    scope["state"] = dict(_STATES.get(id(app), {}))  # the lifespan's state, as a server passes it
+    await app(scope, receive, send)
     if status != 200:
         raise RuntimeError(f"{method} {path} answered {status}")
 
@@ -104,18 +105,26 @@ async def _rows(args: argparse.Namespace, log_stream: IO[str]) -> list[list[obje
     from service.logs import configure_logging
 
     configure_logging("info")
-    service_log = logging.getLogger("service")
-    for handler in service_log.handlers:  # stderr -> a file, as in a container
-        if isinstance(handler, logging.StreamHandler):
-            handler.setStream(log_stream)
-    resolve = ("POST", "/resolve", b"", BODY)
-    describe = ("GET", "/describe", QUERY, b"")
     bare = bare_app()
     full = _service()
     no_context = _service(("RequestContextMiddleware",))
     no_middleware = _service(tuple(m.cls.__name__ for m in full.user_middleware))
-    for app in (full, no_context, no_middleware):  # access lines -> the file, as stderr would
-        app.state.request_log.stream = log_stream
+    async with contextlib.AsyncExitStack() as lifespans:
+        for app in (full, no_context, no_middleware):
+            _STATES[id(app)] = await lifespans.enter_async_context(app.router.lifespan_context(app))
+        # Access lines go to stderr: a file here, as in a container.
+        with contextlib.redirect_stderr(log_stream):
+            return await _timed_rows(
+                args, bare=bare, full=full, no_context=no_context, no_middleware=no_middleware
+            )
+
+
+async def _timed_rows(
+    args: argparse.Namespace, *, bare: App, full: App, no_context: App, no_middleware: App
+) -> list[list[object]]:
+    service_log = logging.getLogger("service")
+    resolve = ("POST", "/resolve", b"", BODY)
+    describe = ("GET", "/describe", QUERY, b"")
     variants: list[tuple[str, App, tuple[str, str, bytes, bytes], str]] = [
         ("bare POST", bare, ("POST", BARE_RESOLVE, b"", BODY), "INFO"),
         ("service POST /resolve", full, resolve, "INFO"),

@@ -30,10 +30,13 @@ from ckpt_core._errors import (
 from ckpt_core._plan import Plan, make_plan
 from ckpt_core._planning.block_plan import BlockPlan
 from ckpt_core._planning.gpus import GPUS, GpuSpec, lookup_gpu
+from ckpt_core._memory.families import MODEL_TYPE_FAMILIES as ESTIMATE_FAMILIES
 from ckpt_core._planning.tiers import (
     AUTO_FULL_THRESHOLD_GB,
     AUTO_SELECTIVE_THRESHOLD_GB,
     GRANULARITIES,
+    MAX_GPU_MEMORY_GB,
+    TIER_SYNONYMS,
     TIERS,
     Granularity,
     PlanGranularity,
@@ -42,11 +45,23 @@ from ckpt_core._planning.tiers import (
     parse_tier,
 )
 from ckpt_core._planning.training_args import (
+    MIN_TRANSFORMERS,
     HookKind,
     PlanHookKind,
     installed_transformers_version,
 )
-from ckpt_core._planning.workload import Workload
+from ckpt_core._planning.workload import (
+    ATTENTIONS,
+    DTYPES,
+    MAX_HEADROOM,
+    MAX_LORA_RANK,
+    MAX_MICRO_BATCH,
+    MAX_SEQ_LEN,
+    METHODS,
+    OPTIMIZERS,
+    WEIGHT_STORAGES,
+    Workload,
+)
 from ckpt_core._seed_api import describe_tier, resolve_gradient_checkpointing, resolve_granularity
 
 # Public names whose modules import torch: loaded on first attribute access.
@@ -72,12 +87,25 @@ _LAZY: dict[str, str] = {
 }
 
 __all__ = [
+    "ATTENTIONS",
     "AUTO_FULL_THRESHOLD_GB",
     "AUTO_SELECTIVE_THRESHOLD_GB",
+    "DTYPES",
+    "ESTIMATE_FAMILIES",
     "GPUS",
     "GRANULARITIES",
+    "MAX_GPU_MEMORY_GB",
+    "MAX_HEADROOM",
+    "MAX_LORA_RANK",
+    "MAX_MICRO_BATCH",
+    "MAX_SEQ_LEN",
     "MEASURE_FIELDS",
+    "METHODS",
+    "MIN_TRANSFORMERS",
+    "OPTIMIZERS",
     "TIERS",
+    "TIER_SYNONYMS",
+    "WEIGHT_STORAGES",
     "Answer",
     "BlockPlan",
     "CheckpointConflictError",

@@ -167,8 +167,8 @@ class CkptClient:
     ) -> Answer[Plan]:
         """`make_plan` through the service (``POST /resolve``)."""
         version = transformers_version or _worker_transformers_version()
-        body = _drop_none(
-            tier=tier,
+        # tier always goes: the service requires it (null is an explicit "off").
+        body = {"tier": tier} | _drop_none(
             gpu_memory_gb=gpu_memory_gb,
             gpu=gpu,
             transformers_version=version,
@@ -213,9 +213,8 @@ class CkptClient:
         from ckpt_core._dry_run import dry_run
 
         version = transformers_version or _worker_transformers_version()
-        body = _drop_none(
+        body = {"tier": tier} | _drop_none(
             model=model,
-            tier=tier,
             gpu_memory_gb=gpu_memory_gb,
             gpu=gpu,
             transformers_version=version,

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up and start the service on 127.0.0.1:8000 (settings: CKPT_* environment
-# variables, e.g. CKPT_PORT; see the README settings table).
+# variables, e.g. CKPT_PORT; see the README settings table).  The packages are
+# the exact versions of requirements/service.lock (scripts/setup.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh service

@@ -10,22 +10,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from importlib import metadata
 from typing import Any, Final
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 
 from service.dry_runs import DryRunner
 from service.errors import install_error_handlers
-from service.logs import configure_logging
+from service.logs import configure_logging, flush_logs
 from service.metrics import Metrics
 from service.middleware import BodyLimitMiddleware, RequestContextMiddleware
-from service.request_log import RequestLog
+from service.plans import Planner
+from service.pool import MAIN_GUARD_HINT
 from service.routes import dry_runs, ops, plans, presets
 from service.security import BearerAuthMiddleware, JSONCORSMiddleware, cors_options
 from service.settings import Settings
+from service.state import LifespanState, ServiceState
 
 log = logging.getLogger(__name__)
 
@@ -68,43 +72,49 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     Worker processes start in the lifespan, in the background: ``/healthz``
     answers at once, ``/readyz`` once the workers are warm.
     """
+    main = sys.modules.get("__mp_main__")
+    if main is not None and main is not sys.modules.get("__main__"):
+        # multiprocessing runs the main script as __mp_main__ in a new worker
+        # (runpy): this is a dry-run worker importing the script that started us.
+        raise RuntimeError(
+            f"create_app() ran while a worker process imported the main module; {MAIN_GUARD_HINT}"
+        )
     settings = settings or Settings()
     metrics = Metrics()
-    request_log = RequestLog(metrics)
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[LifespanState]:
         configure_logging(settings.log_level)
         runner = DryRunner(settings, metrics)
-        app.state.dry_runner = runner
+        state = ServiceState(settings, metrics, Planner(settings.config_limits), runner)
         warm_up = asyncio.create_task(_warm_up(runner))
         try:
-            yield
+            yield {"service": state}
         finally:
             warm_up.cancel()
             with suppress(asyncio.CancelledError):
                 await warm_up
             await runner.close()
-            request_log.flush()
+            flush_logs()
 
-    app = FastAPI(
+    # Swagger UI and ReDoc from assets the service serves itself (no CDN): the
+    # clusters it runs on often have no internet.  No validator badge: it calls out.
+    app = FastAPIOffline(
         title="ckpt-advisor",
         version=_version(),
         description=DESCRIPTION,
         lifespan=lifespan,
+        swagger_ui_parameters={"validatorUrl": None},
     )
-    app.state.settings = settings
-    app.state.metrics = metrics
-    app.state.request_log = request_log
     install_error_handlers(app)
-    _add_middlewares(app, settings, request_log)
+    _add_middlewares(app, settings, metrics)
     for module in (plans, dry_runs, presets, ops):
         app.include_router(module.router)
     _document_transport_errors(app)
     return app
 
 
-def _add_middlewares(app: FastAPI, settings: Settings, request_log: RequestLog) -> None:
+def _add_middlewares(app: FastAPI, settings: Settings, metrics: Metrics) -> None:
     """Outermost first: request context, CORS, auth, body limits, then the app.
 
     The request id and the metrics see every answer (401s, 408s and 413s
@@ -123,7 +133,7 @@ def _add_middlewares(app: FastAPI, settings: Settings, request_log: RequestLog) 
         app.add_middleware(BearerAuthMiddleware, tokens=tokens)
     if settings.cors_origins:
         app.add_middleware(JSONCORSMiddleware, **cors_options(settings.cors_origins))
-    app.add_middleware(RequestContextMiddleware, request_log=request_log)
+    app.add_middleware(RequestContextMiddleware, metrics=metrics)
 
 
 def _document_transport_errors(app: FastAPI) -> None:
@@ -142,7 +152,43 @@ def _document_transport_errors(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
+# Query parameters that exclude each other: OpenAPI cannot relate two parameters,
+# but one form-exploded object parameter serialises to the same query string
+# (``?tier=auto&gpu=H200``) and its schema can say "not both".
+_EXCLUSIVE_QUERY: Final = {"/describe": ("gpu", "gpu_memory_gb")}
+
+
+def _exclusive_query_parameters(document: dict[str, Any]) -> None:
+    for path, (first, second) in _EXCLUSIVE_QUERY.items():
+        operation = document["paths"][path]["get"]
+        parameters = operation["parameters"]
+        properties = {
+            p["name"]: {**p["schema"], "description": p.get("description", "")} for p in parameters
+        }
+        numbers = {"type": "number"} if "number" in str(properties[second]) else {}
+        operation["parameters"] = [
+            {
+                "name": "query",
+                "in": "query",
+                "style": "form",
+                "explode": True,
+                "required": False,
+                "description": f"The query parameters; `{first}` and `{second}` exclude "
+                "each other. Other parameters are ignored.",
+                "schema": {
+                    "type": "object",
+                    "properties": properties,
+                    "not": {
+                        "required": [first, second],
+                        "properties": {first: {"type": "string"}, second: numbers},
+                    },
+                },
+            }
+        ]
+
+
 def _add_transport_errors(document: dict[str, Any]) -> None:
+    _exclusive_query_parameters(document)
     components = document.setdefault("components", {})
     components.setdefault("securitySchemes", {})[BEARER_SCHEME] = {
         "type": "http",

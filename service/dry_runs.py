@@ -6,7 +6,7 @@ in the server process BEFORE a worker is involved; only a bounded config
 reaches the pool.  What needs transformers' config class (its own checks, the
 parameter and expert totals) the worker checks before it builds: 1-2 ms of
 pure Python per config, which in this process would hold the GIL against the
-event loop at every dry run (``bench/http.py``'s saturation run).  Reports are
+event loop at every dry run (``bench/http_load.py``'s saturation run).  Reports are
 cached by what determines them: the canonical config key, tier, granularity,
 GPU memory, measurement shape and the library versions.
 """
@@ -22,6 +22,7 @@ from dataclasses import fields
 from importlib import metadata
 from typing import Any, Final
 
+from cachetools import LRUCache
 from starlette.concurrency import run_in_threadpool
 
 from ckpt_core import (
@@ -35,7 +36,6 @@ from ckpt_core import (
     model_config_key,
 )
 from service import worker
-from service.cache import LRUCache
 from service.errors import (
     DryRunBusyError,
     DryRunCrashedError,
@@ -68,7 +68,8 @@ class DryRunner:
         self.limits: ConfigLimits = settings.config_limits
         self.retry_after_s = settings.dry_run_retry_after_s
         self.metrics = metrics
-        self.cache = LRUCache(settings.dry_run_cache_size)
+        # Touched only on the event loop.
+        self.cache: LRUCache[Hashable, dict[str, Any]] = LRUCache(settings.dry_run_cache_size)
         self.pool = WorkerPool(
             job=worker.run_job,
             warm_up=worker.warm_up,
@@ -120,7 +121,8 @@ class DryRunner:
         if cached is not None:
             return cached, True
         report = await self._run_in_pool(kwargs)
-        self.cache.put(key, report)
+        if self.cache.maxsize:
+            self.cache[key] = report
         return report, False
 
     async def _validated_key(self, kwargs: Mapping[str, Any]) -> Hashable:

@@ -24,7 +24,7 @@ Status codes, one rule each:
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -32,7 +32,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ckpt_core import CkptError
+from ckpt_core import CkptError, InvalidWorkloadError
 
 log = logging.getLogger(__name__)
 
@@ -183,14 +183,35 @@ async def _service_error(_: Request, exc: Exception) -> JSONResponse:
     return service_error_response(exc)
 
 
+# Schema errors inside these request objects are workload errors, as ckpt_core names them.
+_WORKLOAD_OBJECTS = frozenset({"workload", "measure"})
+
+
+def _validation_error_body(error: Mapping[str, Any]) -> tuple[str, str, str | None]:
+    """(code, detail, field) of one pydantic error; a ckpt_core error raised by a
+    validator keeps its own code and message."""
+    field = field_path(error["loc"])
+    cause = (error.get("ctx") or {}).get("error")
+    if isinstance(cause, CkptError):
+        return cause.code, cause.message, field
+    loc = list(error["loc"])
+    top = loc[1] if len(loc) > 1 and loc[0] == "body" else None
+    code = InvalidWorkloadError.code if top in _WORKLOAD_OBJECTS else "invalid_request"
+    message = str(cause) if cause is not None else error["msg"]
+    return code, f"{field or 'request'}: {message}", field
+
+
 async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    errors = list(exc.errors())
-    messages = [f"{field_path(e['loc']) or 'request'}: {e['msg']}" for e in errors[:5]]
+    # An unknown field first: it explains the rest (a misspelt seq_len is also missing).
+    errors = sorted(exc.errors(), key=lambda e: e.get("type") != "extra_forbidden")
+    if not errors:
+        return error_response(422, "invalid_request", "the request is invalid", None)
+    code, detail, field = _validation_error_body(errors[0])
+    others = [f"{field_path(e['loc']) or 'request'}: {e['msg']}" for e in errors[1:5]]
     if len(errors) > 5:
-        messages.append(f"... and {len(errors) - 5} more")
-    field = field_path(errors[0]["loc"]) if errors else None
-    return error_response(422, "invalid_request", "; ".join(messages), field)
+        others.append(f"... and {len(errors) - 5} more")
+    return error_response(422, code, "; ".join([detail, *others]), field)
 
 
 async def _http_error(_: Request, exc: Exception) -> JSONResponse:

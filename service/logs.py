@@ -1,107 +1,135 @@
-"""Structured logs: one JSON object per line on stderr, with the request id.
+"""Structured logs: one JSON object per line on stderr, with the request id, off the loop.
 
-The request id lives in a context variable set by the request middleware, so
-every log line written while a request is handled carries it, whichever
-module writes it.  `uvicorn_log_config` routes uvicorn's own loggers through
-the same formatter when the service is started with ``python -m service``.
+Records of the ``service`` loggers (the access log included) go through a
+`QueueHandler` to a `QueueListener` thread that formats them as JSON
+(python-json-logger) and writes them: the event loop only builds the record
+and puts it on the queue, never waits for the stream.  The request id lives
+in a context variable set by the request middleware; the queue handler copies
+it into the record while still in the request's context, so every line
+written while a request is handled carries it.  `uvicorn_log_config` routes
+uvicorn's own loggers through the same formatter.
 """
 
 from __future__ import annotations
 
+import atexit
+import copy
 import logging
-import math
+import queue
 import sys
-import time
+import threading
 from contextvars import ContextVar
-from functools import lru_cache
-from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
+from datetime import UTC, datetime
+from logging.handlers import QueueHandler, QueueListener
 from typing import Any
+
+from pythonjsonlogger.core import RESERVED_ATTRS
+from pythonjsonlogger.json import JsonFormatter as _JsonFormatter
 
 request_id_var: ContextVar[str | None] = ContextVar("request_id", default=None)
 
-# LogRecord attributes that are not "extra" fields passed by the caller.
-_STANDARD_ATTRS = frozenset(
-    logging.LogRecord("", 0, "", 0, "", None, None).__dict__.keys()
-    | {"message", "asctime", "color_message", "taskName"}
-)
+SERVICE_LOGGER = "service"
 
 
-# CPython's C encoder, built once with `json.dumps`'s defaults (separators, NaN
-# allowed) plus non-ASCII kept and `str` for anything else: `dumps` and
-# `JSONEncoder.encode` build a new one on every call, about 1 us of a line's 3.
-# No circular-reference check: a line is a flat dict.
-_ENCODE = c_make_encoder(None, str, encode_basestring, None, ": ", ", ", False, False, True)
+class JsonFormatter(_JsonFormatter):
+    """``{"ts", "level", "logger", "message", "request_id"?, ...extra, "exc_info"?}``."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "{message}",
+            style="{",
+            json_ensure_ascii=False,
+            json_default=str,
+            # uvicorn adds a coloured copy of its message.
+            reserved_attrs=[*RESERVED_ATTRS, "color_message", "taskName"],
+        )
+
+    def add_fields(
+        self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]
+    ) -> None:
+        log_data["ts"] = datetime.fromtimestamp(record.created, UTC).isoformat(
+            timespec="milliseconds"
+        )
+        log_data["level"] = record.levelname.lower()
+        log_data["logger"] = record.name
+        super().add_fields(log_data, record, message_dict)
+        if "request_id" not in log_data:
+            request_id = request_id_var.get()  # formatted in the caller's context
+            if request_id is not None:
+                log_data["request_id"] = request_id
 
 
-@lru_cache(maxsize=2)
-def _utc_second(second: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to ``sys.stderr`` as it is at each write (pytest replaces it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
 
 
-def timestamp(created: float) -> str:
-    """`created` (``time.time()``) as ISO 8601 UTC to the millisecond, as
-    ``datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds")``
-    writes it, in a third of the time: the part up to the second is formatted
-    once per second, and the microseconds are rounded the way `datetime` does."""
-    fraction, second = math.modf(created)
-    micros = round(fraction * 1e6)
-    if micros == 1_000_000:
-        second, micros = second + 1, 0
-    return f"{_utc_second(int(second))}.{micros // 1000:03d}+00:00"
+class ContextQueueHandler(QueueHandler):
+    """A `QueueHandler` that keeps what the listener thread cannot see: the request
+    id (a context variable) and the exception, formatted here as text."""
 
+    _exceptions = logging.Formatter()
 
-def json_line(created: float, level: int, logger: str, message: str, fields: dict[str, Any]) -> str:
-    """One log line: ``{"ts", "level", "logger", "message", ...fields}`` as JSON.
-
-    The one definition of the line's shape, for `JsonFormatter` and for the
-    access lines that `service.request_log` writes without a `LogRecord`.
-    """
-    entry: dict[str, Any] = {
-        "ts": timestamp(created),
-        "level": logging.getLevelName(level).lower(),
-        "logger": logger,
-        "message": message,
-        **fields,
-    }
-    return "".join(_ENCODE(entry, 0))
-
-
-def json_pairs(fields: dict[str, Any]) -> str:
-    """``"key": value, ...`` exactly as `json_line` writes them, without the braces:
-    pairs that repeat from line to line can be encoded once and spliced in."""
-    return "".join(_ENCODE(fields, 0))[1:-1]
-
-
-def json_string(text: str) -> str:
-    """`text` as a JSON string, as `json_line` writes string values."""
-    return encode_basestring(text)  # type: ignore[no-any-return]
-
-
-class JsonFormatter(logging.Formatter):
-    """``{"ts", "level", "logger", "message", "request_id", ...extra, "exc_info"?}``."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        fields: dict[str, Any] = {}
-        request_id = request_id_var.get()
-        if request_id is not None:
-            fields["request_id"] = request_id
-        for key, value in record.__dict__.items():
-            if key not in _STANDARD_ATTRS and not key.startswith("_"):
-                fields[key] = value
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        record = copy.copy(record)
+        record.message = record.getMessage()
+        record.msg, record.args = record.message, None
+        if "request_id" not in record.__dict__:
+            request_id = request_id_var.get()
+            if request_id is not None:
+                record.request_id = request_id
         if record.exc_info:
-            fields["exc_info"] = self.formatException(record.exc_info)
-        return json_line(record.created, record.levelno, record.name, record.getMessage(), fields)
+            record.exc_text = self._exceptions.formatException(record.exc_info)
+            record.exc_info = None
+        return record
+
+
+_lock = threading.Lock()
+_listener: QueueListener | None = None
+
+
+def _start_listener(handler: ContextQueueHandler) -> None:
+    global _listener  # noqa: PLW0603 - one writer thread per process, shared by every app
+    output = _StderrHandler()
+    output.setFormatter(JsonFormatter())
+    _listener = QueueListener(handler.queue, output, respect_handler_level=False)
+    _listener.start()
 
 
 def configure_logging(level: str) -> None:
-    """Send the ``service`` loggers to stderr as JSON (idempotent: one handler)."""
-    logger = logging.getLogger("service")
+    """Send the ``service`` loggers to stderr as JSON through the queue (idempotent)."""
+    logger = logging.getLogger(SERVICE_LOGGER)
     logger.setLevel(level.upper())
     logger.propagate = False
-    if not any(isinstance(h.formatter, JsonFormatter) for h in logger.handlers):
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(JsonFormatter())
-        logger.addHandler(handler)
+    with _lock:
+        handler = next((h for h in logger.handlers if isinstance(h, ContextQueueHandler)), None)
+        if handler is None:
+            handler = ContextQueueHandler(queue.SimpleQueue())
+            logger.addHandler(handler)
+        if _listener is None:
+            _start_listener(handler)
+
+
+def flush_logs() -> None:
+    """Write every line queued so far (the writer thread is stopped, then started again)."""
+    with _lock:
+        if _listener is not None:
+            _listener.stop()  # processes what is queued, then joins the thread
+            _listener.start()
+
+
+def _stop_listener() -> None:
+    global _listener  # noqa: PLW0603
+    with _lock:
+        if _listener is not None:
+            _listener.stop()
+            _listener = None
+
+
+atexit.register(_stop_listener)
 
 
 def uvicorn_log_config(level: str) -> dict[str, Any]:

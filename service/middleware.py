@@ -25,7 +25,7 @@ from service.errors import (
     service_error_response,
 )
 from service.logs import request_id_var
-from service.request_log import FinishedRequest, RequestLog
+from service.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,10 @@ _VALID_REQUEST_ID: Final = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
 # The route label of answers given before or without routing (404, 413): the
 # raw path would make the label set unbounded.
 UNMATCHED_ROUTE: Final = "<unmatched>"
+ACCESS_LOGGER: Final = "service.access"
+# Probes and scrapes: logged at debug, not info, so they do not drown real traffic.
+_QUIET_ROUTES: Final = frozenset({"/healthz", "/readyz", "/metrics"})
+access_log = logging.getLogger(ACCESS_LOGGER)
 
 
 class RequestContextMiddleware:
@@ -45,9 +49,9 @@ class RequestContextMiddleware:
     and answered as a JSON 500 naming the request id (never a stack trace).
     """
 
-    def __init__(self, app: ASGIApp, request_log: RequestLog) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
-        self.request_log = request_log
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -89,12 +93,29 @@ class RequestContextMiddleware:
         finally:
             route = getattr(scope.get("route"), "path", None) or UNMATCHED_ROUTE
             seconds = time.perf_counter() - start
-            self.request_log.add(
-                FinishedRequest(
-                    scope["method"], scope["path"], route, status, seconds, request_id, time.time()
-                )
-            )
+            self.metrics.observe_request(scope["method"], route, status, seconds)
+            _log_access(scope["method"], scope["path"], route, status, seconds)
             request_id_var.reset(token)
+
+
+def _log_access(method: str, path: str, route: str, status: int, seconds: float) -> None:
+    """One access line (``service.access``): info, or debug for a successful probe."""
+    level = logging.DEBUG if route in _QUIET_ROUTES and status < 400 else logging.INFO
+    if access_log.isEnabledFor(level):
+        access_log.log(
+            level,
+            "%s %s %s",
+            method,
+            path,
+            status,
+            extra={
+                "method": method,
+                "path": path,
+                "route": route,
+                "status": status,
+                "duration_ms": round(seconds * 1000, 3),
+            },
+        )
 
 
 def raw_header(scope: Scope, name: bytes) -> str | None:

@@ -53,6 +53,20 @@ class WorkerCrashedError(Exception):
     """A worker died while running a job (killed, out of memory, segfault)."""
 
 
+class WorkerStartError(Exception):
+    """A worker could not start or warm up; the message says why."""
+
+
+# Why a worker may die before it is ready: multiprocessing imports the main
+# module in every worker, so a script that builds (and starts) the app at module
+# level runs again in each worker.
+MAIN_GUARD_HINT = (
+    "if the app is started from a script, that script must create and run it under "
+    '`if __name__ == "__main__":` - every dry-run worker imports the main module '
+    "(multiprocessing forkserver)"
+)
+
+
 class WorkerPool:
     """Run `job(payload)` in one of `size` worker processes; see the module docstring.
 
@@ -86,6 +100,7 @@ class WorkerPool:
         self._idle: asyncio.Queue[_Worker] = asyncio.Queue()
         self._workers: set[_Worker] = set()  # warm workers, idle or busy
         self._background: set[asyncio.Task[None]] = set()
+        self._starting: set[_Worker] = set()  # forked, not yet warm
         self._waiting = 0
         self._closed = False
         self.ready = False
@@ -153,14 +168,24 @@ class WorkerPool:
             self._waiting -= 1
 
     async def close(self) -> None:
-        """Stop every worker (SIGKILL: jobs are read-only, nothing to flush)."""
+        """Stop every worker, started or starting (SIGKILL: jobs are read-only).
+
+        Kills run in threads, so that requests being cancelled with the server
+        still get their answers out meanwhile; here, when the loop's executor is
+        already shut down.
+        """
         self._closed = True
         self.ready = False
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
-        await asyncio.gather(*(asyncio.to_thread(w.kill) for w in list(self._workers)))
+        for worker in [*self._workers, *self._starting]:
+            try:
+                await asyncio.to_thread(worker.abandon)
+            except RuntimeError:  # cannot schedule new futures after shutdown
+                worker.abandon()
         self._workers.clear()
+        self._starting.clear()
 
     def _replace(self, worker: _Worker, *, reason: str) -> None:
         """Kill `worker` and start a fresh one in the background."""
@@ -186,15 +211,24 @@ class WorkerPool:
 
         A worker that cannot start (its forkserver died, warm-up raised) is
         retried rather than leaving the pool short for good; `last_start_error`
-        tells /readyz why it is not ready meanwhile.
+        tells /readyz why it is not ready meanwhile.  Each distinct failure is
+        logged once (with its traceback when it is not one of ours), not at
+        every retry.
         """
         delay = 1.0
         while not self._closed:
             try:
                 await self._add_worker()
             except Exception as exc:
-                self.last_start_error = f"{type(exc).__name__}: {exc}"
-                log.exception("dry-run worker failed to start; retrying in %g s", delay)
+                error = f"{type(exc).__name__}: {exc}"
+                if error != self.last_start_error:
+                    log.error(
+                        "dry-run worker failed to start: %s; retrying with backoff "
+                        "(1 s doubling to 30 s), /readyz answers 503 meanwhile",
+                        error,
+                        exc_info=not isinstance(exc, WorkerStartError),
+                    )
+                self.last_start_error = error
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)
             else:
@@ -210,20 +244,34 @@ class WorkerPool:
             name="ckpt-dry-run",
             daemon=True,
         )
-        # The first start launches the forkserver, which imports the preload
-        # modules before it answers: seconds, so not on the event loop.
-        await asyncio.to_thread(process.start)
-        child_conn.close()
         worker = _Worker(process, parent_conn)
+        self._starting.add(worker)
         try:
-            status = await _receive(parent_conn, WARM_UP_TIMEOUT_S)
+            # The first start launches the forkserver, which imports the preload
+            # modules before it answers: seconds, so not on the event loop.
+            await asyncio.to_thread(worker.start)
+            child_conn.close()
+            try:
+                status = await _receive(parent_conn, WARM_UP_TIMEOUT_S)
+            except EOFError:
+                process.join(timeout=5)
+                raise WorkerStartError(
+                    f"the dry-run worker exited before it was ready (exit code "
+                    f"{process.exitcode}); {MAIN_GUARD_HINT}"
+                ) from None
+            except TimeoutError:
+                raise WorkerStartError(
+                    f"the dry-run worker was not ready within {WARM_UP_TIMEOUT_S:g} s"
+                ) from None
         except BaseException:
-            await asyncio.to_thread(worker.kill)
+            worker.abandon()
             raise
+        finally:
+            self._starting.discard(worker)
         if status != "ready" or self._closed:
-            await asyncio.to_thread(worker.kill)
+            worker.kill()
             if status != "ready":
-                raise RuntimeError(f"dry-run worker failed to warm up: {status}")
+                raise WorkerStartError(f"the dry-run worker failed to warm up: {status}")
             return
         log.info("dry-run worker pid %s ready", process.pid)
         self._workers.add(worker)
@@ -236,12 +284,29 @@ class _Worker:
     def __init__(self, process: BaseProcess, conn: Connection) -> None:
         self.process = process
         self.conn = conn
+        self._abandoned = False
+
+    def start(self) -> None:
+        """Start the process (blocking: call in a thread).
+
+        A start outlives a cancelled wait for it (a thread cannot be stopped):
+        when the worker was abandoned meanwhile, nobody else will kill it.
+        """
+        self.process.start()
+        if self._abandoned:
+            self.kill()
+
+    def abandon(self) -> None:
+        """Kill the process now if it runs, or as soon as its start returns."""
+        self._abandoned = True
+        self.kill()
 
     def kill(self) -> None:
         """SIGKILL the process, reap it, close the pipe (blocking: call in a thread)."""
-        with contextlib.suppress(OSError, ValueError):
-            self.process.kill()
-        self.process.join(timeout=10)
+        if self.process.pid is not None:  # started
+            with contextlib.suppress(OSError, ValueError):
+                self.process.kill()
+                self.process.join(timeout=10)
         self.conn.close()
 
 

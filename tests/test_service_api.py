@@ -38,7 +38,9 @@ def _error(response: Any, status: int, code: str, field: str | None) -> dict[str
         ({"tier": " Selective ", "gpu_memory_gb": 23.6}, {"gpu_memory_gb": 23.6}),
         ({"tier": True, "transformers_version": "5.10.0"}, {"transformers_version": "5.10.0"}),
         ({"tier": "medium", "transformers_version": "5.10.0"}, {"transformers_version": "5.10.0"}),
-        ({}, {}),
+        ({"tier": None}, {}),
+        ({"tier": False}, {}),
+        ({"tier": "off"}, {}),
     ],
 )
 def test_resolve_answers_the_plan_of_ckpt_core(
@@ -61,6 +63,13 @@ def test_resolve_with_a_model_and_workload_answers_the_estimate(api: TestClient)
     assert set(response.json()["estimate"]["tiers"]) == {"off", "selective", "medium", "full"}
     bad_workload = {**body, "workload": {"seq_len": 2048, "method": "prefix"}}
     _error(api.post("/resolve", json=bad_workload), 422, "invalid_workload", "workload.method")
+
+
+@pytest.mark.parametrize("path", ["/resolve", "/dry-run"])
+def test_a_missing_tier_is_a_422_naming_it(api: TestClient, path: str) -> None:
+    """A forgotten tier must not silently mean "off": null, false and "off" say it."""
+    body = {} if path == "/resolve" else {"model": {"preset": "gpt2"}}
+    _error(api.post(path, json=body), 422, "invalid_request", "tier")
 
 
 def test_plan_answer_round_trips_into_a_plan(api: TestClient) -> None:

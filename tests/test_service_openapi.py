@@ -54,8 +54,25 @@ def test_every_request_schema_has_examples(document: dict[str, Any]) -> None:
     schemas = document["components"]["schemas"]
     for name in ("ResolveRequest", "DryRunRequest", "ModelSpec"):
         assert schemas[name].get("examples"), name
-    parameters = document["paths"]["/describe"]["get"]["parameters"]
-    assert parameters and all(parameter["schema"].get("examples") for parameter in parameters)
+    # /describe's query is one form-exploded object (gpu and gpu_memory_gb exclude
+    # each other, which separate parameters cannot say): each property has examples.
+    [query] = document["paths"]["/describe"]["get"]["parameters"]
+    assert query["in"] == "query" and query["style"] == "form" and query["explode"]
+    properties = query["schema"]["properties"]
+    assert set(properties) == {"tier", "gpu_memory_gb", "gpu"}
+    assert all(schema.get("examples") for schema in properties.values())
+
+
+def test_request_fields_state_their_rules(document: dict[str, Any]) -> None:
+    schemas = document["components"]["schemas"]
+    resolve = schemas["ResolveRequest"]
+    assert "tier" in resolve["required"] and "tier" in schemas["DryRunRequest"]["required"]
+    memory = resolve["properties"]["gpu_memory_gb"]["anyOf"][0]
+    assert memory == {"type": "number", "exclusiveMinimum": 0.0, "maximum": 4096.0}
+    assert resolve["properties"]["tier"]["anyOf"][2]["pattern"].startswith("^[ \\t\\n\\r]*")
+    workload = schemas["WorkloadSpec"]["properties"]
+    assert workload["seq_len"]["maximum"] == 1 << 21 and workload["seq_len"]["type"] == "integer"
+    assert "[Ll][Oo][Rr][Aa]" in workload["method"]["pattern"]
 
 
 def test_every_operation_documents_its_answer_and_its_errors(document: dict[str, Any]) -> None:

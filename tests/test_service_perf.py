@@ -1,6 +1,6 @@
 """The service's speed-ups keep its answers: cached plan answers, metrics children, frozen heap.
 
-Speed itself is measured by ``bench/http.py``; these tests check that what
+Speed itself is measured by ``bench/http_load.py``; these tests check that what
 was made fast is still right.
 """
 
@@ -9,22 +9,19 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import math
 import os
-from typing import Annotated
+from collections.abc import Iterator
+from contextlib import contextmanager
 from unittest import mock
 
 import pytest
-from fastapi import FastAPI, Query
 from fastapi.testclient import TestClient
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 import ckpt_core
-from service import jsonbody
-from service.cache import LRUCache
-from service.metrics import Metrics, RequestStats
+from service import plans
+from service.metrics import Metrics
+from service.plans import Planner
 from service.pool import CpuPriority, WorkerPool
-from service.routes import plans
 from tests.conftest import TINY_CONFIG, metric, service_client
 
 
@@ -79,10 +76,16 @@ MODEL_BODY: dict[str, object] = {
 }
 
 
+@contextmanager
+def _counting_plan_for() -> Iterator[mock.MagicMock]:
+    with mock.patch.object(Planner, "plan_for", autospec=True, side_effect=Planner.plan_for) as f:
+        yield f
+
+
 def test_model_answers_are_kept_by_canonical_body(api: TestClient) -> None:
     reordered = dict(reversed(list(MODEL_BODY.items())))
     longer = {**MODEL_BODY, "workload": {"seq_len": 2048, "micro_batch_size": 1}}
-    with mock.patch.object(plans, "plan_for", wraps=plans.plan_for) as plan_for:
+    with _counting_plan_for() as plan_for:
         first = api.post("/resolve", json=MODEL_BODY)
         again = api.post("/resolve", json=reordered)
         other = api.post("/resolve", json=longer)
@@ -96,16 +99,18 @@ def test_model_answers_are_kept_by_canonical_body(api: TestClient) -> None:
 def test_large_model_bodies_are_answered_but_not_kept(api: TestClient) -> None:
     config = {**TINY_CONFIG, "_name_or_path": "x" * plans.MAX_MODEL_KEY_CHARS}
     body = {"tier": "full", "model": {"config": config}, "workload": {"seq_len": 64}}
-    with mock.patch.object(plans, "plan_for", wraps=plans.plan_for) as plan_for:
+    with _counting_plan_for() as plan_for:
         answers = [api.post("/resolve", json=body) for _ in range(2)]
     assert [a.status_code for a in answers] == [200, 200], answers[0].text
     assert plan_for.call_count == 2
 
 
 @pytest.fixture
-def fresh_model_configs(monkeypatch: pytest.MonkeyPatch) -> None:
+def fresh_model_configs(api: TestClient) -> None:
     """An empty validated-model cache: other tests' models do not count."""
-    monkeypatch.setattr(plans, "_model_configs", LRUCache(plans.MODEL_ANSWER_CACHE_SIZE))
+    planner: Planner = api.app_state["service"].planner
+    planner.model_configs.clear()
+    planner.model_answers.clear()
 
 
 def test_a_model_asked_again_with_new_workloads_is_validated_once(
@@ -165,44 +170,6 @@ def test_describe_answers_json_and_text_from_one_plan(api: TestClient) -> None:
     assert make_plan.call_count == 1
 
 
-def test_describe_validates_each_distinct_query_string_once(api: TestClient) -> None:
-    query = "/describe?tier=medium&gpu_memory_gb=41.5"
-    validate = mock.patch.object(
-        jsonbody, "request_params_to_args", wraps=jsonbody.request_params_to_args
-    )
-    with validate as validated:
-        answers = [api.get(query) for _ in range(3)]
-        reordered = api.get("/describe?gpu_memory_gb=41.5&tier=medium")
-        after_hits = validated.call_count
-        bad = [api.get("/describe?tier=medium&gpu_memory_gb=lots") for _ in range(2)]
-        long_query = query + "&gpu_memory_gb=41.5" * 60  # over MAX_CACHED_QUERY_BYTES
-        assert len(long_query) > jsonbody.MAX_CACHED_QUERY_BYTES
-        long_answers = [api.get(long_query) for _ in range(2)]
-    assert [a.json() for a in answers] == [reordered.json()] * 3
-    assert answers[0].json()["granularity"] == "medium"
-    assert after_hits == 2  # the query string, not its meaning, is the key
-    assert [b.status_code for b in bad] == [422, 422]
-    assert bad[1].json()["field"] == "gpu_memory_gb"
-    assert [a.status_code for a in long_answers] == [200, 200]
-    assert validated.call_count == 2 + 2 + 2  # errors and long queries: never kept
-
-
-def test_remembered_query_values_are_never_shared_with_an_endpoint() -> None:
-    """A list value (mutable) is validated afresh each time, so an endpoint that
-    alters it cannot change what the next request sees."""
-    app = FastAPI()
-    app.router.route_class = jsonbody.StrictJSONRoute
-
-    @app.get("/tags")
-    async def tags(tag: Annotated[list[str], Query()], n: int = 0) -> dict[str, object]:
-        tag.append("seen")
-        return {"tag": tag, "n": n}
-
-    with TestClient(app) as client:
-        answers = [client.get("/tags?tag=a&n=1").json() for _ in range(3)]
-    assert answers == [{"tag": ["a", "seen"], "n": 1}] * 3
-
-
 def test_request_metrics_count_every_answer_by_labels() -> None:
     metrics = Metrics()
     for status in (200, 200, 422):
@@ -214,54 +181,14 @@ def test_request_metrics_count_every_answer_by_labels() -> None:
     assert f"{count} 2.0" in text
 
 
-def _exposition_without_created(registry: CollectorRegistry) -> list[str]:
-    text = generate_latest(registry).decode()
-    return [line for line in text.splitlines() if "_created" not in line]
-
-
-def test_request_stats_expose_what_prometheus_counter_and_histogram_would() -> None:
-    """Same samples as prometheus_client's own classes fed the same requests,
-    including latencies on a bucket bound, past the last one, and at zero."""
-    buckets = (0.0005, 0.001, 0.0025, 1, 10)
-    ours = CollectorRegistry()
-    stats = RequestStats("reqs", "Requests.", "lat_seconds", "Latency.", buckets)
-    ours.register(stats)
-    theirs = CollectorRegistry()
-    labels = ("method", "route", "status")
-    counter = Counter("reqs", "Requests.", labels, registry=theirs)
-    histogram = Histogram("lat_seconds", "Latency.", labels, buckets=buckets, registry=theirs)
-    requests = [
-        ("POST", "/resolve", 200, 0.0),
-        ("POST", "/resolve", 200, 0.0005),
-        ("POST", "/resolve", 200, 0.00051),
-        ("POST", "/resolve", 422, 0.0025),
-        ("GET", "/describe", 200, 1.0),
-        ("GET", "/describe", 200, 12.5),
-        ("POST", "/resolve", 200, 0.3),
-    ]
-    for method, route, status, seconds in requests:
-        stats.observe(method, route, status, seconds)
-        counter.labels(method, route, str(status)).inc()
-        histogram.labels(method, route, str(status)).observe(seconds)
-    ours_text = _exposition_without_created(ours)
-    on_bound = 'lat_seconds_bucket{le="0.0005",method="POST",route="/resolve",status="200"} 2.0'
-    assert on_bound in ours_text
-    assert ours_text == _exposition_without_created(theirs)
-
-
-@pytest.mark.parametrize("buckets", [(0.1, 0.05), (0.1, 0.1), (0.1, math.inf)])
-def test_request_stats_refuse_buckets_not_increasing_and_finite(
-    buckets: tuple[float, ...],
-) -> None:
-    with pytest.raises(ValueError, match="increasing and finite"):
-        RequestStats("reqs", "Requests.", "lat_seconds", "Latency.", buckets)
-
-
-def test_request_stats_names_cannot_be_registered_twice() -> None:
-    registry = CollectorRegistry()
-    registry.register(RequestStats("reqs", "Requests.", "lat_seconds", "Latency.", (1.0,)))
-    with pytest.raises(ValueError, match="Duplicated"):
-        Counter("reqs", "Again.", registry=registry)
+def test_label_children_are_cached_and_exposed_as_prometheus_client_writes_them() -> None:
+    metrics = Metrics()
+    metrics.observe_request("GET", "/describe", 200, 12.5)  # past the last bucket
+    metrics.observe_request("GET", "/describe", 200, 0.0005)  # on a bucket bound
+    text = metrics.render()[0].decode()
+    assert 'le="0.0005",method="GET",route="/describe",status="200"} 1.0' in text
+    assert 'le="+Inf",method="GET",route="/describe",status="200"} 2.0' in text
+    assert "_created" not in text
 
 
 def test_heap_is_frozen_while_the_service_runs_and_released_after() -> None:

@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import ckpt_core
 from ckpt_core._configs.config_json import ConfigLimits
 from ckpt_core._configs.presets import PresetInfo
 from ckpt_core._dry_run import DryRunReport
 from ckpt_core._plan import Plan
-from service.cache import LRUCache
+from service.contract import GPU_CHOICE, TIER_CHOICE, VERSION_PATTERN, Choice
 from service.errors import MalformedJSONError, field_path
 from service.jsonbody import is_json_media_type, strict_loads
 from service.negotiation import prefers_text
-from service.schemas import DryRunResponse, PlanResponse, PresetSummary
+from service.responses import DryRunResponse, PlanResponse, PresetSummary
+from service.schemas import MeasureSpec, WorkloadSpec, learned_positions
 from service.settings import Settings
 
 
@@ -79,17 +82,82 @@ def test_prefers_text(accept: str | None, text: bool) -> None:
     assert prefers_text(accept) is text
 
 
-def test_lru_cache_evicts_the_least_recently_used() -> None:
-    cache = LRUCache(2)
-    cache.put("a", 1)
-    cache.put("b", 2)
-    assert cache.get("a") == 1  # "b" is now the oldest
-    cache.put("c", 3)
-    assert cache.get("b") is None and cache.get("a") == 1 and cache.get("c") == 3
-    assert len(cache) == 2
-    disabled = LRUCache(0)
-    disabled.put("a", 1)
-    assert disabled.get("a") is None
+@pytest.mark.parametrize(
+    ("value", "canonical"),
+    [
+        (" Selective ", "selective"),
+        ("\tAUTO\n", "auto"),
+        ("", ""),
+        ("  ", ""),
+        ("False", "false"),
+        ("fulll", None),
+        ("sel ective", None),
+        ("\u017felective", None),  # long s: Unicode case folding makes it "selective"
+        ("selective\x0b", None),  # vertical tab: not JSON whitespace
+        (1, None),
+        (None, None),
+    ],
+)
+def test_one_choice_rule_trimmed_and_ascii_case_insensitive(
+    value: object, canonical: str | None
+) -> None:
+    assert TIER_CHOICE.canonical(value) == canonical
+    assert (
+        re.search(TIER_CHOICE.pattern, value) is not None if isinstance(value, str) else False
+    ) is (canonical is not None)
+
+
+def test_gpu_names_and_aliases_are_choices() -> None:
+    assert GPU_CHOICE.canonical(" nvidia a100-sxm4-80gb ") == "NVIDIA A100-SXM4-80GB"
+    assert Choice(["a.b"]).canonical("aXb") is None  # regex characters are literal
+
+
+@pytest.mark.parametrize(
+    ("version", "valid"),
+    [
+        ("5.24.0", True),
+        ("4.57", True),
+        ("4.35", True),
+        ("4.35.0", True),
+        ("4.35.0.post1", True),
+        ("4.35.1rc1", True),
+        ("5.23.0.dev0", True),
+        ("5.1.0+local.1", True),
+        ("10.0", True),
+        ("4.35.0.dev0", False),  # a pre-release of the minimum is before it
+        ("4.34.9", False),
+        ("3.99", False),
+        ("five", False),
+    ],
+)
+def test_version_pattern_is_what_ckpt_core_plans_for(version: str, valid: bool) -> None:
+    """The pattern may spell versions more strictly than ckpt_core ("05.1" is not a
+    release spelling), never more loosely."""
+    assert (re.search(VERSION_PATTERN, version) is not None) is valid
+    if valid:
+        ckpt_core.make_plan("full", transformers_version=version)
+    else:
+        with pytest.raises(ckpt_core.CkptError):
+            ckpt_core.make_plan("full", transformers_version=version)
+
+
+def test_workload_and_measure_models_have_ckpt_cores_fields() -> None:
+    workload = {f.name for f in dataclasses.fields(ckpt_core.Workload)}
+    assert set(WorkloadSpec.model_fields) == workload
+    assert set(MeasureSpec.model_fields) == set(ckpt_core.MEASURE_FIELDS)
+
+
+def test_learned_positions_are_the_presets_that_refuse_longer_sequences() -> None:
+    limits = learned_positions()
+    for preset in ckpt_core.list_presets():
+        model = {"preset": preset.name}
+        limit = limits.get(preset.name)
+        if limit is None:
+            ckpt_core.make_plan("full", model=model, workload={"seq_len": ckpt_core.MAX_SEQ_LEN})
+            continue
+        ckpt_core.make_plan("full", model=model, workload={"seq_len": limit})
+        with pytest.raises(ckpt_core.InvalidWorkloadError):
+            ckpt_core.make_plan("full", model=model, workload={"seq_len": limit + 1})
 
 
 @pytest.mark.parametrize(

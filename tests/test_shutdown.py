@@ -121,7 +121,7 @@ def test_sigterm_lets_a_running_dry_run_finish_and_refuses_new_connections(
         assert thread.is_alive(), "the dry run ended before new connections were refused"
         thread.join(timeout=grace_s)
         [response] = outcome
-        assert isinstance(response, httpx.Response), response
+        assert isinstance(response, httpx.Response), (response, server.log_text()[-4000:])
         assert response.status_code == 200, response.text
         assert response.json()["measured"]["activation_bytes"] > 0
 
@@ -145,7 +145,7 @@ def test_a_dry_run_past_the_grace_period_is_cut_and_nothing_is_left(tmp_path: Pa
         assert time.monotonic() - sent < grace_s + 3
         thread.join(timeout=10)
         [response] = outcome
-        assert isinstance(response, httpx.Response), response
+        assert isinstance(response, httpx.Response), (response, server.log_text()[-4000:])
         assert response.status_code == 503, response.text
         assert response.json()["error"] == "shutting_down"
         assert response.headers["Retry-After"] == "1"

@@ -37,7 +37,7 @@ AUTO_SELECTIVE_THRESHOLD_GB: Final = 80.0
 # mistake (bytes or MiB passed as GiB), not a GPU.
 MAX_GPU_MEMORY_GB: Final = 4096.0
 
-_SYNONYMS: Final[dict[str, Tier]] = {
+TIER_SYNONYMS: Final[dict[str, Tier]] = {
     "": "off",
     "off": "off",
     "none": "off",
@@ -71,7 +71,7 @@ def parse_tier(tier: object) -> Tier:
             + _VALID_HELP,
             field="tier",
         )
-    canonical = _SYNONYMS.get(tier.strip().casefold())
+    canonical = TIER_SYNONYMS.get(tier.strip().casefold())
     if canonical is None:
         raise InvalidTierError(f"unknown tier {tier!r}; {_VALID_HELP}", field="tier")
     return canonical

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 
 from service.errors import error_response
-from service.metrics import Metrics
+from service.state import State
 
 router = APIRouter(include_in_schema=False)
 
@@ -18,19 +18,18 @@ async def healthz() -> JSONResponse:
 
 
 @router.get("/readyz")
-async def readyz(request: Request) -> JSONResponse:
+async def readyz(state: State) -> JSONResponse:
     """200 once warm-up is done (torch and transformers imported, a tiny dry run run)."""
-    runner = getattr(request.app.state, "dry_runner", None)
-    if runner is None or not runner.ready:
-        why = runner.pool.last_start_error if runner is not None else None
+    runner = state.dry_runner
+    if not runner.ready:
+        why = runner.pool.last_start_error
         detail = f"dry-run workers failing to start: {why}" if why else "warming up"
         return error_response(503, "not_ready", detail)
     return JSONResponse({"status": "ready"})
 
 
 @router.get("/metrics")
-async def metrics(request: Request) -> Response:
+async def metrics(state: State) -> Response:
     """Prometheus exposition text (every request answered before this one counted)."""
-    registry: Metrics = request.app.state.metrics
-    body, content_type = registry.render()
+    body, content_type = state.metrics.render()
     return Response(body, media_type=content_type)

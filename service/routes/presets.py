@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from ckpt_core import list_presets
-from service.schemas import PresetsResponse
+from service.responses import PresetsResponse
 
 router = APIRouter(tags=["presets"])
 

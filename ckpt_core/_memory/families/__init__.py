@@ -31,6 +31,9 @@ _BY_MODEL_TYPE: Final = {
     model_type: family for family in FAMILIES for model_type in family.model_types
 }
 
+# model_type -> the name of the family that describes it.
+MODEL_TYPE_FAMILIES: Final = {model_type: family.name for model_type, family in _BY_MODEL_TYPE.items()}
+
 # Model types transformers runs without sdpa / flash attention (see `Family`).
 NO_SDPA: Final = frozenset().union(*(family.no_sdpa for family in FAMILIES))
 NO_FLASH: Final = frozenset().union(*(family.no_flash for family in FAMILIES))

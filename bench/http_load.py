@@ -1,6 +1,6 @@
 """HTTP requests/s and latency of the service next to a bare FastAPI endpoint, under wrk.
 
-Run: ``.venv/bin/python bench/http.py`` (needs ``apt-get install -y wrk``);
+Run: ``.venv/bin/python -m bench.http_load`` (needs ``apt-get install -y wrk``);
 ``--duration`` seconds per wrk run (2), ``--rounds`` (5), ``--concurrency``
 (1 8 32 64), ``--part`` (all, matrix or saturation), ``--no-pin``.
 
@@ -37,25 +37,19 @@ always waits in the queue.  Its p99 ratio is the median over rounds of busy
 p99 / idle p99 (each pair back to back).
 """
 
-# ruff: noqa: E402 - sys.path must be fixed before the imports below (see the comment there)
 from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-# Run as a script, Python puts bench/ first on sys.path, where this file would
-# shadow the standard library's `http`: put the repository root there instead.
-sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import argparse
 import contextlib
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 
 from bench._common import ROOT, bench_env, free_port, median, stop, table, wait_for_status
 from bench._dry_run_load import DryRunLoad, summarize
@@ -229,19 +223,19 @@ def throughput_table(runs: Runs, endpoints: tuple[Endpoint, ...], concurrency: l
 
 
 def ratio_table(runs: Runs, concurrency: list[int]) -> tuple[str, bool]:
-    """Service vs bare per concurrency; the targets: req/s >= 0.9x, p99 <= 1.5x."""
+    """Service vs bare per concurrency; the targets: req/s >= 0.8x, p99 <= 1.5x."""
     rows, all_met = [], True
     for ours, bare in ((RESOLVE, BARE_POST), (DESCRIBE, BARE_GET)):
         for connections in concurrency:
             rps_ratio, p99_ratio = _paired(
                 runs[ours.name, connections], runs[bare.name, connections]
             )
-            met = rps_ratio >= 0.9 and p99_ratio <= 1.5
+            met = rps_ratio >= RPS_TARGET and p99_ratio <= 1.5
             all_met &= met
             rows.append(
                 [f"{ours.name} / {bare.name}", connections, rps_ratio, p99_ratio, _yes(met)]
             )
-    headers = ["pair", "conc.", "req/s ratio (>= 0.9)", "p99 ratio (<= 1.5)", "met"]
+    headers = ["pair", "conc.", f"req/s ratio (>= {RPS_TARGET})", "p99 ratio (<= 1.5)", "met"]
     return table(headers, rows), all_met
 
 
@@ -301,6 +295,11 @@ def saturation_table(runs: Runs, concurrency: list[int]) -> tuple[str, bool]:
 
 def _yes(met: bool) -> str:
     return "yes" if met else "NO"
+
+
+# The service on public APIs only (its access log through `logging`) against a
+# bare FastAPI app: at least 0.8x the requests per second.
+RPS_TARGET = 0.8
 
 
 def _verdict(met: bool | None) -> str:

@@ -1,0 +1,92 @@
+"""A dry-run worker that cannot start says why; a shutdown mid-start leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+from fastapi.testclient import TestClient
+
+from service.app import create_app
+from service.settings import Settings
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A script that builds the app at module level, without a __main__ guard: every
+# worker imports it again.  It reports what /readyz says once it names a cause.
+UNGUARDED = """
+import time
+from fastapi.testclient import TestClient
+from service.app import create_app
+from service.settings import Settings
+
+app = create_app(Settings(dry_run_workers=1, log_level="info"))
+with TestClient(app) as client:
+    for _ in range(300):
+        answer = client.get("/readyz")
+        if "worker" in answer.text:
+            break
+        time.sleep(0.05)
+    time.sleep(3.5)  # two more retries (1 s, then 2 s of backoff)
+    print("READYZ", answer.status_code, answer.text, flush=True)
+"""
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+
+
+def test_an_unguarded_script_gets_a_503_naming_the_main_guard(tmp_path: Path) -> None:
+    script = tmp_path / "unguarded.py"
+    script.write_text(textwrap.dedent(UNGUARDED), "utf-8")
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+        cwd=tmp_path,
+        check=False,
+    )
+    readyz = next(line for line in result.stdout.splitlines() if line.startswith("READYZ"))
+    status, body = readyz.split(" ", 2)[1:]
+    assert status == "503", result.stdout
+    detail = json.loads(body)["detail"]
+    assert 'if __name__ == "__main__":' in detail and "exited before it was ready" in detail
+    failures = [
+        json.loads(line)
+        for line in result.stderr.splitlines()
+        if line.startswith("{") and "failed to start" in line
+    ]
+    # Retried (at least twice by now) but logged once: one line per distinct failure.
+    assert len(failures) == 1, result.stderr[-3000:]
+    assert failures[0]["level"] == "error" and "exc_info" not in failures[0]
+
+
+def test_shutting_down_while_a_worker_starts_leaves_no_process_and_no_traceback(
+    capfd: object,
+) -> None:
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    app = create_app(Settings(dry_run_workers=1, log_level="info"))
+    with TestClient(app) as client:
+        assert client.get("/readyz").status_code == 503  # still starting
+    after = psutil.Process().children(recursive=True)
+    workers = [p for p in after if p.pid not in before and _is_worker(p)]
+    assert not workers, workers
+    err = capfd.readouterr().err  # type: ignore[attr-defined]
+    assert "Traceback" not in err and "cannot schedule new futures" not in err
+
+
+def _is_worker(process: psutil.Process) -> bool:
+    """A live dry-run worker: a child of the forkserver (which the session shares)."""
+    try:
+        parent = process.parent()
+        forked = parent is not None and "multiprocessing.forkserver" in " ".join(parent.cmdline())
+        return forked and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
