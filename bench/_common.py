@@ -1,9 +1,7 @@
 """Shared pieces of the bench scripts: ports, readiness polls, statistics, tables.
 
-Scripts run as ``.venv/bin/python bench/NAME.py``.  Python then puts
-``bench/`` first on ``sys.path``, where ``bench/http.py`` would shadow the
-standard library's ``http`` package; so every script's first lines replace
-that entry with the repository root and import this module as ``bench._common``.
+Scripts run as modules from the repository root, ``.venv/bin/python -m
+bench.NAME``, so they import the project and this module as ``bench._common``.
 """
 
 from __future__ import annotations

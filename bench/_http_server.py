@@ -1,6 +1,6 @@
 """The HTTP benchmark's server process: the service, and a bare FastAPI app beside it.
 
-Run by ``bench/http.py`` as ``python -m bench._http_server SERVICE_PORT BARE_PORT``
+Run by ``bench/http_load.py`` as ``python -m bench._http_server SERVICE_PORT BARE_PORT``
 (``CKPT_*`` settings from the environment, as for ``python -m service``).
 
 The service is configured exactly as ``python -m service`` configures it:

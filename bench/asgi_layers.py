@@ -1,11 +1,11 @@
 """Where the service's own time per request goes: the ASGI app called directly, layer by layer.
 
-Run: ``.venv/bin/python bench/asgi_layers.py`` (``--requests`` 3000 per
+Run: ``.venv/bin/python -m bench.asgi_layers`` (``--requests`` 3000 per
 timing, ``--rounds`` 5).
 
 No server, no sockets: each request is a fresh ASGI scope handed to the app
 in a loop, so the figures are the app's own microseconds per request, without
-uvicorn's HTTP parsing (which both sides of ``bench/http.py`` pay alike).
+uvicorn's HTTP parsing (which both sides of ``bench/http_load.py`` pay alike).
 Variants, each timed in turn per round (the table shows the minimum and the
 median over rounds):
 
@@ -19,13 +19,7 @@ median over rounds):
 Differences between rows are the cost of what the row removes.
 """
 
-# ruff: noqa: E402 - sys.path must be fixed before the imports below
 from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import argparse
 import asyncio

@@ -1,6 +1,6 @@
 """Per-GPU memory under data parallelism, against real engines: the tables of docs/distributed.md.
 
-Run: ``.venv/bin/python bench/distributed.py`` (needs the test extra: deepspeed,
+Run: ``.venv/bin/python -m bench.distributed`` (needs the test extra: deepspeed,
 torch, transformers).  Prints, in markdown:
 
 1. DeepSpeed's own ZeRO-2 / ZeRO-3 estimators (``estimate_zero2_model_states_mem_needs``,
@@ -17,13 +17,8 @@ torch, transformers).  Prints, in markdown:
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 from typing import Any
 
-# Run as a script, Python puts bench/ first on the path, where bench/http.py would
-# shadow the standard library's http: the repository root takes its place.
-sys.path[0] = str(Path(__file__).resolve().parents[1])
 os.environ.setdefault("DS_ACCELERATOR", "cpu")  # the estimators need no device; say so, quietly
 
 GIB = 1 << 30

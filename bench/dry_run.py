@@ -1,6 +1,6 @@
 """Dry runs on the meta device: cold and repeated, next to a bare from_config + hooks.
 
-Run: ``.venv/bin/python bench/dry_run.py`` (``--cold-runs`` fresh processes per
+Run: ``.venv/bin/python -m bench.dry_run`` (``--cold-runs`` fresh processes per
 figure, 3; ``--presets``; ``--seq-lens`` for the measurement table).
 
 1. Library, per preset.  A COLD figure is the first call in a fresh process
@@ -22,18 +22,13 @@ figure, 3; ``--presets``; ``--seq-lens`` for the measurement table).
 Medians everywhere; this machine is shared.
 """
 
-# ruff: noqa: E402 - sys.path must be fixed before the imports below
 from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import argparse
 import http.client
 import json
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable

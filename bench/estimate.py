@@ -1,6 +1,6 @@
 """Closed-form activation estimate vs the meta-device measurement, with timings.
 
-Run: ``.venv/bin/python bench/estimate.py`` (every bundled preset x seq 1k / 4k /
+Run: ``.venv/bin/python -m bench.estimate`` (every bundled preset x seq 1k / 4k /
 16k x the four tiers) or ``--quick`` (a few presets at 1k and 4k).  Prints, per
 row, the measured and estimated activation bytes, the error, and how long the
 estimate and the measurement took; then the worst error and, separately, the
@@ -13,13 +13,7 @@ are skipped and said so.  Numbers are whatever this machine measures.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
-
-# Run as a script, Python puts bench/ first on the path, where bench/http.py would
-# shadow the standard library's http: the repository root takes its place.
-sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 GIB = 1 << 30
 TIERS = ("off", "selective", "medium", "full")

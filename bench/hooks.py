@@ -1,6 +1,6 @@
 """Our checkpoint hooks next to HF's native checkpointing, on a small Llama on CPU.
 
-Run: ``.venv/bin/python bench/hooks.py`` (``--layers`` 8, ``--hidden`` 256,
+Run: ``.venv/bin/python -m bench.hooks`` (``--layers`` 8, ``--hidden`` 256,
 ``--seq-len`` 256, ``--batch`` 2, ``--steps`` 7, ``--threads`` 1).
 
 Per configuration, on the same randomly initialised model (same seed):
@@ -22,13 +22,7 @@ medium and full; HF's ``activation_checkpointing_enable()`` (full) and
 layers 0, 2, 4, ...).
 """
 
-# ruff: noqa: E402 - sys.path must be fixed before the imports below
 from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import argparse
 import contextlib

@@ -1,6 +1,6 @@
 """Import and start-up times: ``import ckpt_core`` (no torch) and the service's start to ready.
 
-Run: ``.venv/bin/python bench/import.py`` (``--runs`` 9 for the imports,
+Run: ``.venv/bin/python -m bench.import`` (``--runs`` 9 for the imports,
 ``--starts`` 3 for the service).
 
 1. ``python -X importtime -c "import ckpt_core"`` in fresh interpreters: the
@@ -14,17 +14,12 @@ Run: ``.venv/bin/python bench/import.py`` (``--runs`` 9 for the imports,
    one tiny dry run done), polled every 20 ms; median over starts.
 """
 
-# ruff: noqa: E402 - sys.path must be fixed before the imports below
 from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import argparse
 import re
 import subprocess
+import sys
 import tempfile
 import time
 

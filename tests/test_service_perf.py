@@ -1,6 +1,6 @@
 """The service's speed-ups keep its answers: cached plan answers, metrics children, frozen heap.
 
-Speed itself is measured by ``bench/http.py``; these tests check that what
+Speed itself is measured by ``bench/http_load.py``; these tests check that what
 was made fast is still right.
 """
 

@@ -1,6 +1,6 @@
 """HTTP requests/s and latency of the service next to a bare FastAPI endpoint, under wrk.
 
-Run: ``.venv/bin/python bench/http.py`` (needs ``apt-get install -y wrk``);
+Run: ``.venv/bin/python -m bench.http_load`` (needs ``apt-get install -y wrk``);
 ``--duration`` seconds per wrk run (2), ``--rounds`` (5), ``--concurrency``
 (1 8 32 64), ``--part`` (all, matrix or saturation), ``--no-pin``.
 
@@ -37,25 +37,19 @@ always waits in the queue.  Its p99 ratio is the median over rounds of busy
 p99 / idle p99 (each pair back to back).
 """
 
-# ruff: noqa: E402 - sys.path must be fixed before the imports below (see the comment there)
 from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-# Run as a script, Python puts bench/ first on sys.path, where this file would
-# shadow the standard library's `http`: put the repository root there instead.
-sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import argparse
 import contextlib
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 
 from bench._common import ROOT, bench_env, free_port, median, stop, table, wait_for_status
 from bench._dry_run_load import DryRunLoad, summarize
