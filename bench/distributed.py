@@ -84,7 +84,6 @@ def deepspeed_table() -> list[str]:
 
 
 def gloo_table() -> list[str]:
-    from ckpt_core import make_plan
     from tests import _gloo_job
 
     reference = _gloo_job.single_process(None)
@@ -102,18 +101,7 @@ def gloo_table() -> list[str]:
         ("fsdp2_late", "zero3", "medium"),  # hooks after fully_shard, as the Trainer's callback
     ):
         for world_size in (2, 4):
-            plan = make_plan(
-                tier,
-                model={"config": _gloo_job.hf_config()},
-                workload={
-                    "seq_len": _gloo_job.SEQ,
-                    "micro_batch_size": _gloo_job.WORLD_BATCH // world_size,
-                    "dtype": "fp32",
-                    "method": "full",
-                    "world_size": world_size,
-                    "sharding": sharding,
-                },
-            )
+            plan = _gloo_job.plan_for(tier, world_size, sharding)
             ranks = _gloo_job.run_job(world_size, strategy, plan.hooks)
             est = plan.estimate["assumptions"]
             worst = {key: max(rank[key] for rank in ranks) for key in ranks[0] if key != "losses"}
