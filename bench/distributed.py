@@ -121,7 +121,7 @@ def llama_70b_table() -> list[str]:
 
     rows = [
         "| method | sharding | engine | offload | tier | peak GiB | weights | grads | optimizer "
-        "| gathered | buckets | host GiB/GPU | fits |",
+        "| gathered | buckets | host GiB/GPU | verdict |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     cases = [
@@ -146,7 +146,7 @@ def llama_70b_table() -> list[str]:
             "auto", gpu="H100-80GB", model={"preset": "llama-3.1-70b"}, workload=workload
         )
         tier = plan.granularity or "off"
-        row = plan.estimate["tiers"][tier]
+        row = plan.estimate["chosen"]
         a = plan.estimate["assumptions"]
         d = a["distributed"]
         gib = [
@@ -158,7 +158,7 @@ def llama_70b_table() -> list[str]:
             d["host_bytes_per_gpu"],
         ]
         cells = " | ".join(f"{value / GIB:.1f}" for value in gib)
-        verdict = "yes" if row["fits"] else "no: nothing fits"
+        verdict = row["verdict"] if row["fits"] else "no: nothing fits"
         rows.append(
             f"| {method} | {sharding} | {engine} | {offload} | {tier} "
             f"| {row['peak_bytes'] / GIB:.1f} | {cells} | {verdict} |"
