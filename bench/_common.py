@@ -1,7 +1,7 @@
 """Shared pieces of the bench scripts: ports, readiness polls, statistics, tables.
 
-Scripts run from the repository root as modules, ``.venv/bin/python -m
-bench.NAME``, and import this one as ``bench._common``.
+Scripts run as modules from the repository root, ``.venv/bin/python -m
+bench.NAME``, so they import the project and this module as ``bench._common``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Per-GPU memory under data parallelism, against real engines: the tables of docs/distributed.md.
 
-Run: ``.venv/bin/python bench/distributed.py`` (needs the test extra: deepspeed,
+Run: ``.venv/bin/python -m bench.distributed`` (needs the test extra: deepspeed,
 torch, transformers).  Prints, in markdown:
 
 1. DeepSpeed's own ZeRO-2 / ZeRO-3 estimators (``estimate_zero2_model_states_mem_needs``,
@@ -17,13 +17,8 @@ torch, transformers).  Prints, in markdown:
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 from typing import Any
 
-# Run as a script, Python puts bench/ first on the path, where bench/http.py would
-# shadow the standard library's http: the repository root takes its place.
-sys.path[0] = str(Path(__file__).resolve().parents[1])
 os.environ.setdefault("DS_ACCELERATOR", "cpu")  # the estimators need no device; say so, quietly
 
 GIB = 1 << 30
@@ -89,7 +84,6 @@ def deepspeed_table() -> list[str]:
 
 
 def gloo_table() -> list[str]:
-    from ckpt_core import make_plan
     from tests import _gloo_job
 
     reference = _gloo_job.single_process(None)
@@ -107,18 +101,7 @@ def gloo_table() -> list[str]:
         ("fsdp2_late", "zero3", "medium"),  # hooks after fully_shard, as the Trainer's callback
     ):
         for world_size in (2, 4):
-            plan = make_plan(
-                tier,
-                model={"config": _gloo_job.hf_config()},
-                workload={
-                    "seq_len": _gloo_job.SEQ,
-                    "micro_batch_size": _gloo_job.WORLD_BATCH // world_size,
-                    "dtype": "fp32",
-                    "method": "full",
-                    "world_size": world_size,
-                    "sharding": sharding,
-                },
-            )
+            plan = _gloo_job.plan_for(tier, world_size, sharding)
             ranks = _gloo_job.run_job(world_size, strategy, plan.hooks)
             est = plan.estimate["assumptions"]
             worst = {key: max(rank[key] for rank in ranks) for key in ranks[0] if key != "losses"}
@@ -138,7 +121,7 @@ def llama_70b_table() -> list[str]:
 
     rows = [
         "| method | sharding | engine | offload | tier | peak GiB | weights | grads | optimizer "
-        "| gathered | buckets | host GiB/GPU | fits |",
+        "| gathered | buckets | host GiB/GPU | verdict |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     cases = [
@@ -163,7 +146,7 @@ def llama_70b_table() -> list[str]:
             "auto", gpu="H100-80GB", model={"preset": "llama-3.1-70b"}, workload=workload
         )
         tier = plan.granularity or "off"
-        row = plan.estimate["tiers"][tier]
+        row = plan.estimate["chosen"]
         a = plan.estimate["assumptions"]
         d = a["distributed"]
         gib = [
@@ -175,7 +158,7 @@ def llama_70b_table() -> list[str]:
             d["host_bytes_per_gpu"],
         ]
         cells = " | ".join(f"{value / GIB:.1f}" for value in gib)
-        verdict = "yes" if row["fits"] else "no: nothing fits"
+        verdict = row["verdict"] if row["fits"] else "no: nothing fits"
         rows.append(
             f"| {method} | {sharding} | {engine} | {offload} | {tier} "
             f"| {row['peak_bytes'] / GIB:.1f} | {cells} | {verdict} |"

@@ -1,6 +1,6 @@
 """One real training step on a CUDA GPU, recorded as a row in the shared rows' schema.
 
-Run: ``.venv/bin/python bench/gpu_step.py --model llama-3.2-1b --tier full --seq-len 1024
+Run: ``.venv/bin/python -m bench.gpu_step --model llama-3.2-1b --tier full --seq-len 1024
 --batch 2 --method qlora --attention eager --out bench/data/<file>.json``.
 
 Builds the model from its config with random weights (no download: the
@@ -26,8 +26,6 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Final
-
-sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 MIB: Final = 1 << 20
 NO_CUDA: Final = 3

@@ -1,6 +1,6 @@
 """Issue 15's device check: every tier on three families at two lengths, one process per step.
 
-Run on a CUDA machine: ``.venv/bin/python bench/gpu_sweep.py [--out FILE] [--dry]``.
+Run on a CUDA machine: ``.venv/bin/python -m bench.gpu_sweep [--out FILE] [--dry]``.
 For each preset x sequence length x tier (off, selective, medium, full) it
 runs ``bench/gpu_step.py`` in a fresh process (a clean CUDA context and
 caching allocator per row, as the shared rows were measured), LoRA r32 on q /

@@ -1,6 +1,6 @@
 """The memory estimate against real GPU training steps.
 
-Run: ``.venv/bin/python bench/gpu_truth.py [--shared DIR] [--local DIR] [--budget-mib N]``.
+Run: ``.venv/bin/python -m bench.gpu_truth [--shared DIR] [--local DIR] [--budget-mib N]``.
 Scores every row under ``--shared`` (default ``../shared/data/gpu-steps`` from
 the repository root) and ``--local`` (default ``bench/data``, rows recorded by
 ``bench/gpu_step.py``), repeats dropped: a table per row, a summary by group
@@ -22,9 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-sys.path[0] = str(Path(__file__).resolve().parents[1])
-
-from bench._gpu_rows import (  # noqa: E402
+from bench._gpu_rows import (
     LOCAL_ROWS,
     MIB,
     SHARED_ROWS,

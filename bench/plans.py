@@ -1,6 +1,6 @@
 """auto's recompute cost: tier-only auto vs block-level auto vs the exhaustive optimum.
 
-Run: ``.venv/bin/python bench/plans.py`` (every bundled preset x GPU memory
+Run: ``.venv/bin/python -m bench.plans`` (every bundled preset x GPU memory
 24 / 40 / 80 / 141 GiB x seq 2048 / 8192 / 32768 x method full / LoRA /
 QLoRA) or ``--quick`` (a few presets).  ``--cells`` prints every cell.
 
@@ -26,12 +26,8 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
-
-sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 GPUS = (24.0, 40.0, 80.0, 141.0)
 SEQS = (2048, 8192, 32768)

@@ -77,6 +77,24 @@ def hf_config() -> dict[str, Any]:
     return json.loads(LlamaConfig(**CONFIG).to_json_string())
 
 
+def plan_for(tier: str, world_size: int, sharding: str) -> Any:
+    """The plan for this job's step on ``world_size`` ranks (``ckpt_core.Plan``)."""
+    from ckpt_core import make_plan
+
+    return make_plan(
+        tier,
+        model={"config": hf_config()},
+        workload={
+            "seq_len": SEQ,
+            "micro_batch_size": WORLD_BATCH // world_size,
+            "dtype": "fp32",
+            "method": "full",
+            "world_size": world_size,
+            "sharding": sharding,
+        },
+    )
+
+
 def batch() -> torch.Tensor:
     generator = torch.Generator().manual_seed(1)
     return torch.randint(1, CONFIG["vocab_size"], (WORLD_BATCH, SEQ), generator=generator)

@@ -14,7 +14,6 @@ import sys
 
 import pytest
 
-from ckpt_core import make_plan
 from tests import _gloo_job
 
 pytestmark = pytest.mark.skipif(
@@ -34,27 +33,12 @@ def reference() -> list[float]:
     return _gloo_job.single_process(None)
 
 
-def plan_for(tier: str, world_size: int, sharding: str) -> object:
-    return make_plan(
-        tier,
-        model={"config": _gloo_job.hf_config()},
-        workload={
-            "seq_len": _gloo_job.SEQ,
-            "micro_batch_size": _gloo_job.WORLD_BATCH // world_size,
-            "dtype": "fp32",
-            "method": "full",
-            "world_size": world_size,
-            "sharding": sharding,
-        },
-    )
-
-
 @pytest.mark.parametrize("world_size", [2, 4])
 @pytest.mark.parametrize(("strategy", "sharding", "tier"), CASES)
 def test_gloo_job_matches_the_estimate_and_the_single_process_loss(
     world_size: int, strategy: str, sharding: str, tier: str
 ) -> None:
-    plan = plan_for(tier, world_size, sharding)
+    plan = _gloo_job.plan_for(tier, world_size, sharding)
     assert plan.hooks == tier  # FSDP2: medium is hooks too (fsdp_config cannot say it)
     ranks = _gloo_job.run_job(world_size, strategy, plan.hooks)
     assumptions = plan.estimate["assumptions"]

@@ -28,7 +28,7 @@ Pure arithmetic.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from ckpt_core._memory.activations import Assignment, activation_bytes
@@ -255,11 +255,22 @@ class PeakModel:
     static: StaticMemory
     recipe: Recipe | None = None
     context_bytes: int = DEFAULT_CONTEXT_BYTES
+    replay: bool = True
 
     def of(self, arch: Arch, step: Step, assignment: Assignment) -> TierMemory:
         return tier_memory(
-            arch, step, assignment, self.static, self.recipe, context_bytes=self.context_bytes
+            arch,
+            step,
+            assignment,
+            self.static,
+            self.recipe,
+            context_bytes=self.context_bytes,
+            replay=self.replay,
         )
+
+    def quick(self) -> PeakModel:
+        """The same model without the allocator replay: a cheap lower bound of its peak."""
+        return replace(self, replay=False)
 
 
 def _replayed_exactly(arch: Arch) -> bool:

@@ -61,7 +61,7 @@ class Workload:
     optimizer: Optimizer = "adamw"
     attention: Attention = "sdpa"
     headroom: float = 0.1
-    # The real recipe (DESIGN section 5): what changes a real step's memory.
+    # The real recipe (docs/design.md §5): what changes a real step's memory.
     double_quant: bool = False  # bitsandbytes' bnb_4bit_use_double_quant
     kbit_preparation: KbitPreparation = "peft"  # prepare_model_for_kbit_training, or none
     compute: Compute = "loaded"  # weights loaded in dtype, or fp32 weights + autocast to dtype
