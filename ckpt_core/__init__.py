@@ -27,10 +27,10 @@ from ckpt_core._errors import (
     UnknownPresetError,
     UnsupportedTransformersVersionError,
 )
+from ckpt_core._memory.families import MODEL_TYPE_FAMILIES as ESTIMATE_FAMILIES
 from ckpt_core._plan import Plan, make_plan
 from ckpt_core._planning.block_plan import BlockPlan
 from ckpt_core._planning.gpus import GPUS, GpuSpec, lookup_gpu
-from ckpt_core._memory.families import MODEL_TYPE_FAMILIES as ESTIMATE_FAMILIES
 from ckpt_core._planning.tiers import (
     AUTO_FULL_THRESHOLD_GB,
     AUTO_SELECTIVE_THRESHOLD_GB,
@@ -52,13 +52,21 @@ from ckpt_core._planning.training_args import (
 )
 from ckpt_core._planning.workload import (
     ATTENTIONS,
+    COMPUTES,
     DTYPES,
+    ENGINES,
+    GRADIENTS,
+    KBIT_PREPARATIONS,
     MAX_HEADROOM,
+    MAX_HOST_MEMORY_GB,
     MAX_LORA_RANK,
     MAX_MICRO_BATCH,
     MAX_SEQ_LEN,
+    MAX_WORLD_SIZE,
     METHODS,
+    OFFLOADS,
     OPTIMIZERS,
+    SHARDINGS,
     WEIGHT_STORAGES,
     Workload,
 )
@@ -90,19 +98,27 @@ __all__ = [
     "ATTENTIONS",
     "AUTO_FULL_THRESHOLD_GB",
     "AUTO_SELECTIVE_THRESHOLD_GB",
+    "COMPUTES",
     "DTYPES",
+    "ENGINES",
     "ESTIMATE_FAMILIES",
     "GPUS",
+    "GRADIENTS",
     "GRANULARITIES",
+    "KBIT_PREPARATIONS",
     "MAX_GPU_MEMORY_GB",
     "MAX_HEADROOM",
+    "MAX_HOST_MEMORY_GB",
     "MAX_LORA_RANK",
     "MAX_MICRO_BATCH",
     "MAX_SEQ_LEN",
+    "MAX_WORLD_SIZE",
     "MEASURE_FIELDS",
     "METHODS",
     "MIN_TRANSFORMERS",
+    "OFFLOADS",
     "OPTIMIZERS",
+    "SHARDINGS",
     "TIERS",
     "TIER_SYNONYMS",
     "WEIGHT_STORAGES",

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ckpt_core import Granularity, HookKind, Tier
+from ckpt_core import Granularity, PlanGranularity, PlanHookKind, Tier
 
 
 class _Response(BaseModel):

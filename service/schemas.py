@@ -16,14 +16,22 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSche
 
 from ckpt_core import (
     ATTENTIONS,
+    COMPUTES,
     DTYPES,
+    ENGINES,
     ESTIMATE_FAMILIES,
+    GRADIENTS,
+    KBIT_PREPARATIONS,
     MAX_HEADROOM,
+    MAX_HOST_MEMORY_GB,
     MAX_LORA_RANK,
     MAX_MICRO_BATCH,
     MAX_SEQ_LEN,
+    MAX_WORLD_SIZE,
     METHODS,
+    OFFLOADS,
     OPTIMIZERS,
+    SHARDINGS,
     WEIGHT_STORAGES,
     InvalidTierError,
     UnknownGpuError,
@@ -142,6 +150,35 @@ WeightsField = _choice_field(Choice(WEIGHT_STORAGES), " | ".join(WEIGHT_STORAGES
 MethodField = _choice_field(Choice(METHODS), " | ".join(METHODS))
 OptimizerField = _choice_field(Choice(OPTIMIZERS), " | ".join(OPTIMIZERS))
 AttentionField = _choice_field(Choice(ATTENTIONS), " | ".join(ATTENTIONS))
+ShardingField = _choice_field(
+    Choice(SHARDINGS), " | ".join(SHARDINGS) + " (zero3: FSDP FULL_SHARD)"
+)
+EngineField = _choice_field(Choice(ENGINES), " | ".join(ENGINES))
+OffloadField = _choice_field(Choice(OFFLOADS), " | ".join(OFFLOADS))
+KbitPreparationField = _choice_field(Choice(KBIT_PREPARATIONS), " | ".join(KBIT_PREPARATIONS))
+ComputeField = _choice_field(Choice(COMPUTES), " | ".join(COMPUTES))
+GradientsField = _choice_field(Choice(GRADIENTS), " | ".join(GRADIENTS))
+_ZERO1, _ZERO3, _NO_SHARDING = Choice(["zero1"]), Choice(["zero3"]), Choice(["none"])
+_TORCH = Choice(["torch"])
+_NO_OFFLOAD, _ALL, _OPTIMIZER = Choice(["none"]), Choice(["all"]), Choice(["optimizer"])
+_AUTOCAST, _FP32, _HALF = Choice(["autocast"]), Choice(["fp32"]), Choice(["bf16", "fp16"])
+
+
+def _not(choice: Choice) -> dict[str, Any]:
+    return {"type": "string", "not": choice.schema()}
+
+
+_ABSENT_OR_NULL_NODES: Final = [
+    {"not": {"required": ["gpus_per_node"]}},
+    {"properties": {"gpus_per_node": _NULL}},
+]
+# Sharding combinations no engine runs (ckpt_core refuses them the same way).
+_ZERO1_NEEDS_DEEPSPEED: Final = {
+    "not": {
+        "required": ["sharding"],
+        "properties": {"sharding": _ZERO1.schema(), "engine": _TORCH.schema()},
+    }
+}
 _QLORA = Choice(["qlora"])
 _FULL = Choice(["full"])
 _QUANTIZED = Choice(["nf4", "int8"])
@@ -158,10 +195,16 @@ class _Request(BaseModel):
 class MeasureSpec(_Request):
     """One batch x sequence to measure activation bytes for (meta device)."""
 
+    model_config = ConfigDict(json_schema_extra={"allOf": [_ZERO1_NEEDS_DEEPSPEED]})
+
     seq_len: JsonInt = Field(ge=1, le=MAX_SEQ_LEN, description="Tokens per sequence.")
     micro_batch_size: JsonInt = Field(1, ge=1, le=MAX_MICRO_BATCH)
     dtype: DtypeField = "bf16"
     attention: AttentionField = "sdpa"
+    world_size: JsonInt = Field(
+        1, ge=1, le=MAX_WORLD_SIZE, description="GPUs in the data-parallel group."
+    )
+    sharding: ShardingField = "none"
 
 
 class WorkloadSpec(MeasureSpec):
@@ -187,6 +230,66 @@ class WorkloadSpec(MeasureSpec):
                         "properties": {"method": _FULL.schema(), "weights": _QUANTIZED.schema()},
                     }
                 },
+                _ZERO1_NEEDS_DEEPSPEED,
+                # Offload needs sharding; offloading everything needs zero3; FSDP2
+                # offloads all or nothing.
+                {
+                    "not": {
+                        "required": ["offload"],
+                        "properties": {
+                            "offload": _not(_NO_OFFLOAD),
+                            "sharding": _NO_SHARDING.schema(),
+                        },
+                    }
+                },
+                {
+                    "not": {
+                        "required": ["offload"],
+                        "properties": {"offload": _ALL.schema(), "sharding": _not(_ZERO3)},
+                    }
+                },
+                {
+                    "not": {
+                        "required": ["offload"],
+                        "properties": {"offload": _OPTIMIZER.schema(), "engine": _TORCH.schema()},
+                    }
+                },
+                # Hybrid sharding shards within a node of gpus_per_node GPUs, with zero3.
+                {
+                    "not": {
+                        "required": ["hybrid"],
+                        "properties": {"hybrid": {"const": True}},
+                        "anyOf": [
+                            *_ABSENT_OR_NULL_NODES,
+                            {"not": {"required": ["sharding"]}},
+                            {"properties": {"sharding": _not(_ZERO3)}},
+                        ],
+                    }
+                },
+                # Host memory is per node: with more than one GPU, say how many share one.
+                {
+                    "not": {
+                        "required": ["host_memory_gb", "world_size"],
+                        "properties": {
+                            "host_memory_gb": {"type": "number"},
+                            "world_size": {"minimum": 2},
+                        },
+                        "anyOf": _ABSENT_OR_NULL_NODES,
+                    }
+                },
+                # autocast keeps fp32 master weights and computes in a half dtype.
+                {
+                    "not": {
+                        "required": ["compute", "dtype"],
+                        "properties": {"compute": _AUTOCAST.schema(), "dtype": _FP32.schema()},
+                    }
+                },
+                {
+                    "not": {
+                        "required": ["compute", "weights"],
+                        "properties": {"compute": _AUTOCAST.schema(), "weights": _HALF.schema()},
+                    }
+                },
             ]
         }
     )
@@ -204,6 +307,20 @@ class WorkloadSpec(MeasureSpec):
     optimizer: OptimizerField = "adamw"
     headroom: float = Field(
         0.1, ge=0, le=MAX_HEADROOM, description="Fraction of GPU memory kept free."
+    )
+    double_quant: bool = Field(False, description="bitsandbytes' double quantization.")
+    kbit_preparation: KbitPreparationField = "peft"
+    compute: ComputeField = "loaded"
+    gradients: GradientsField = "set_to_none"
+    logits_held: bool = Field(True, description="The step's output stays referenced.")
+    engine: EngineField = "torch"
+    offload: OffloadField = "none"
+    gpus_per_node: JsonInt | None = Field(
+        None, ge=1, le=MAX_WORLD_SIZE, description="GPUs per host; must divide world_size."
+    )
+    hybrid: bool = Field(False, description="Shard within a node, replicate across nodes.")
+    host_memory_gb: float | None = Field(
+        None, gt=0, le=MAX_HOST_MEMORY_GB, description="Host memory per node, GiB."
     )
 
 
@@ -399,5 +516,8 @@ class DryRunRequest(_Request):
             "gpu_memory_gb": self.gpu_memory_gb,
             "gpu": self.gpu,
             "transformers_version": self.transformers_version,
-            "measure": self.measure.model_dump() if self.measure is not None else None,
+            # What the caller sent: a distributed field asks for the per-GPU parameters.
+            "measure": (
+                self.measure.model_dump(exclude_unset=True) if self.measure is not None else None
+            ),
         }

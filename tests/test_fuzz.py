@@ -13,6 +13,8 @@ Two values are opaque to any schema, and generated here from what ckpt_core
 accepts instead of from the document: an inline ``model.config`` (an HF
 config.json; whether transformers builds it is not a JSON Schema question),
 and ``workload.lora_targets`` (suffixes of the linear layers of THAT model).
+One rule between fields is beyond JSON Schema too: ``gpus_per_node`` divides
+``world_size`` (a well-typed pair is made to; the document says it in words).
 A well-typed value in those places is swapped for a real one (a tiny config of
 a supported family; suffixes of the model's block linears); an ill-typed one
 is left as generated, so schema-violating requests stay violations.  A second
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 from collections import Counter
 from collections.abc import Iterator
@@ -172,11 +175,28 @@ def _set_config(body: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     return {**body, "model": {**body["model"], "config": config}}
 
 
+def _dividing_nodes(body: Any) -> Any:
+    """``gpus_per_node`` must divide ``world_size``, which JSON Schema cannot say.
+
+    A well-typed pair is made to divide (their gcd); anything else stays as
+    generated, so an invalid request stays invalid.
+    """
+    workload = body.get("workload") if isinstance(body, dict) else None
+    if not isinstance(workload, dict):
+        return body
+    per_node, world = workload.get("gpus_per_node"), workload.get("world_size", 1)
+    exact = [type(v) is int for v in (per_node, world)]
+    if not all(exact) or per_node < 1 or world < 1 or world % per_node == 0:
+        return body
+    return {**body, "workload": {**workload, "gpus_per_node": math.gcd(per_node, world)}}
+
+
 @schema.hook
 def flatmap_body(context: Any, body: Any) -> st.SearchStrategy[Any]:
     """Swap the opaque values (see the module docstring) for real ones when well-typed."""
     if not isinstance(body, dict):
         return st.just(body)
+    body = _dividing_nodes(body)
     model = body.get("model")
     if isinstance(model, dict) and isinstance(model.get("config"), dict):
         measured = isinstance(body.get("measure"), dict)

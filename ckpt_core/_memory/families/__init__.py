@@ -32,7 +32,9 @@ _BY_MODEL_TYPE: Final = {
 }
 
 # model_type -> the name of the family that describes it.
-MODEL_TYPE_FAMILIES: Final = {model_type: family.name for model_type, family in _BY_MODEL_TYPE.items()}
+MODEL_TYPE_FAMILIES: Final = {
+    model_type: family.name for model_type, family in _BY_MODEL_TYPE.items()
+}
 
 # Model types transformers runs without sdpa / flash attention (see `Family`).
 NO_SDPA: Final = frozenset().union(*(family.no_sdpa for family in FAMILIES))
