@@ -168,10 +168,6 @@ def _not(choice: Choice) -> dict[str, Any]:
     return {"type": "string", "not": choice.schema()}
 
 
-_ABSENT_OR_NULL_NODES: Final = [
-    {"not": {"required": ["gpus_per_node"]}},
-    {"properties": {"gpus_per_node": _NULL}},
-]
 # Sharding combinations no engine runs (ckpt_core refuses them the same way).
 _ZERO1_NEEDS_DEEPSPEED: Final = {
     "not": {
@@ -256,26 +252,28 @@ class WorkloadSpec(MeasureSpec):
                 },
                 # Hybrid sharding shards within a node of gpus_per_node GPUs, with zero3.
                 {
-                    "not": {
-                        "required": ["hybrid"],
-                        "properties": {"hybrid": {"const": True}},
-                        "anyOf": [
-                            *_ABSENT_OR_NULL_NODES,
-                            {"not": {"required": ["sharding"]}},
-                            {"properties": {"sharding": _not(_ZERO3)}},
-                        ],
-                    }
+                    "if": {"required": ["hybrid"], "properties": {"hybrid": {"const": True}}},
+                    "then": {
+                        "required": ["gpus_per_node", "sharding"],
+                        "properties": {
+                            "gpus_per_node": {"type": "integer"},
+                            "sharding": _ZERO3.schema(),
+                        },
+                    },
                 },
                 # Host memory is per node: with more than one GPU, say how many share one.
                 {
-                    "not": {
+                    "if": {
                         "required": ["host_memory_gb", "world_size"],
                         "properties": {
                             "host_memory_gb": {"type": "number"},
                             "world_size": {"minimum": 2},
                         },
-                        "anyOf": _ABSENT_OR_NULL_NODES,
-                    }
+                    },
+                    "then": {
+                        "required": ["gpus_per_node"],
+                        "properties": {"gpus_per_node": {"type": "integer"}},
+                    },
                 },
                 # autocast keeps fp32 master weights and computes in a half dtype.
                 {
