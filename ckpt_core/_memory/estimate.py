@@ -35,6 +35,7 @@ from ckpt_core._memory.activations import Assignment, activation_bytes
 from ckpt_core._memory.allocator import ROUND_LARGE
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.context import DEFAULT_CONTEXT_BYTES
+from ckpt_core._memory.families import family_of
 from ckpt_core._memory.ledger import Step
 from ckpt_core._memory.param_layout import ParamLayout
 from ckpt_core._memory.peak import Recipe, allocated_moments
@@ -240,7 +241,7 @@ def tier_memory(
         # gathered units, the buckets) takes the closed-form peak, and the replay's
         # fragmentation on top.
         exact = isinstance(assignment, str) and static.total == static.replica_total
-        if exact and _replayed_exactly(arch):
+        if exact and family_of(arch).replayed_exactly(arch):
             allocated = simulated
         reserved = allocated + reserved - simulated
     allocated += WORKSPACE_BYTES
@@ -271,11 +272,6 @@ class PeakModel:
     def quick(self) -> PeakModel:
         """The same model without the allocator replay: a cheap lower bound of its peak."""
         return replace(self, replay=False)
-
-
-def _replayed_exactly(arch: Arch) -> bool:
-    """The replay's block is the Llama-style dense decoder block (other families: its sizes)."""
-    return arch.family == "decoder" and not arch.is_moe and not arch.sandwich
 
 
 def all_tiers(

@@ -37,7 +37,10 @@ class Family:
     - ``loss_in_fp32``: transformers' loss upcasts the logits (causal LMs) rather
       than taking them in the dtype (BERT, T5);
     - ``no_sdpa`` / ``no_flash``: model types whose classes transformers runs
-      without sdpa / flash attention (checked against the classes by a test).
+      without sdpa / flash attention (checked against the classes by a test);
+    - ``replayed_exactly(arch)``: the allocator replay's block (Llama-style) is
+      this model's own, so its allocated peak is taken from the replay; other
+      models take only the replay's fragmentation.
     """
 
     name: str
@@ -54,6 +57,7 @@ class Family:
     loss_in_fp32: bool = True
     no_sdpa: frozenset[str] = frozenset()
     no_flash: frozenset[str] = frozenset()
+    replayed_exactly: Callable[[Arch], bool] = lambda arch: False
 
 
 def single_stack(arch: Arch) -> tuple[int, ...]:

@@ -363,4 +363,5 @@ FAMILY = Family(
     head_flops=lm_head_flops,
     no_sdpa=frozenset({"gemma2"}),  # softcapping: transformers falls back to eager
     no_flash=frozenset({"gemma3"}),
+    replayed_exactly=lambda arch: not arch.is_moe and not arch.sandwich,
 )
