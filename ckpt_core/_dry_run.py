@@ -14,12 +14,13 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Final
 
 from ckpt_core._configs.config_json import ConfigLimits
 from ckpt_core._configs.model_config import build_meta_model, count_parameters, load_model_config
 from ckpt_core._errors import InvalidWorkloadError
+from ckpt_core._memory.families import MODEL_TYPE_FAMILIES
 from ckpt_core._plan import make_plan
 from ckpt_core._planning.tiers import PlanGranularity, Tier
 from ckpt_core._planning.workload import Workload
@@ -53,8 +54,8 @@ class DryRunReport:
     activation bytes of one forward with labels for the requested shape.
     ``reason`` (``auto`` only) says how the granularity was chosen: with a
     measurement shape, as `make_plan` chooses for that workload (model-aware,
-    ``block_plan`` set when it chose blocks between the tiers); without one,
-    by the VRAM thresholds.  Both appear in `to_dict` only when set.
+    ``block_plan`` set when it chose blocks between the tiers); without one, or
+    for a model type the estimate does not describe, by the VRAM thresholds.  Both appear in `to_dict` only when set.
     """
 
     tier: Tier
@@ -104,7 +105,17 @@ def dry_run(
     plan = make_plan(tier, gpu_memory_gb, gpu=gpu, transformers_version=transformers_version)
     shape = measure_shape(measure)
     cfg = load_model_config(model, limits=limits)
-    if shape is not None and plan.tier == "auto":  # chosen by the model, as make_plan does
+    # auto with a shape chooses by the model as make_plan does, where the estimate
+    # describes the model; a dry run measures any model, so otherwise the thresholds
+    # decide and the reason says why.
+    estimated = cfg.model_type in MODEL_TYPE_FAMILIES
+    if shape is not None and plan.tier == "auto" and not estimated:
+        plan = replace(
+            plan,
+            reason=f"{plan.reason}; the estimate has no memory model for model_type "
+            f"{cfg.model_type!r}, so the model did not decide",
+        )
+    elif shape is not None and plan.tier == "auto":
         plan = make_plan(
             tier,
             gpu_memory_gb,

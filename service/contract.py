@@ -16,9 +16,10 @@ same whichever layer spoke.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from ckpt_core import (
@@ -123,6 +124,58 @@ def type_error(value: object, choice: Choice) -> ChoiceError:
         f"{value!r} is not one of {', '.join(repr(w) for w in choice.words)} "
         "(trimmed, ASCII case-insensitive)"
     )
+
+
+# --- cross-field rules ----------------------------------------------------------------
+
+
+class Allowed:
+    """One case a cross-field rule allows: each named field's choices (a set of names,
+    under the choice rule) or its JSON Schema (a dict); fields not named are free."""
+
+    def __init__(self, required: Sequence[str] = (), **fields: Collection[str] | Mapping[str, Any]):
+        self.required = tuple(required)
+        self.fields = {
+            name: dict(value) if isinstance(value, Mapping) else frozenset(value)
+            for name, value in fields.items()
+        }
+
+
+def _merged(cases: Iterable[Allowed]) -> Allowed | None:
+    """The case all of `cases` allow at once; None when no value does."""
+    fields: dict[str, frozenset[str] | dict[str, Any]] = {}
+    required: list[str] = []
+    for case in cases:
+        for name, value in case.fields.items():
+            known = fields.get(name)
+            if isinstance(known, frozenset) and isinstance(value, frozenset):
+                value = known & value
+                if not value:
+                    return None
+            elif known is not None and known != value:
+                raise ValueError(f"{name}: cannot intersect {known!r} and {value!r}")
+            fields[name] = value
+        required += [name for name in case.required if name not in required]
+    return Allowed(required, **fields)
+
+
+def combinations(*groups: Sequence[Allowed], nullable: Collection[str] = ()) -> dict[str, Any]:
+    """JSON Schema allowing exactly one case of every group at once: an anyOf of their
+    products (cases no value meets are left out); `nullable` fields also take null."""
+    branches = []
+    for cases in itertools.product(*groups):
+        case = _merged(cases)
+        if case is None:
+            continue
+        properties = {}
+        for name, value in case.fields.items():
+            schema = Choice(sorted(value)).schema() if isinstance(value, frozenset) else value
+            properties[name] = {"anyOf": [schema, {"type": "null"}]} if name in nullable else schema
+        branch: dict[str, Any] = {"properties": properties}
+        if case.required:
+            branch["required"] = list(case.required)
+        branches.append(branch)
+    return {"anyOf": branches}
 
 
 # --- GPU memory --------------------------------------------------------------------

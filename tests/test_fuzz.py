@@ -13,8 +13,11 @@ Two values are opaque to any schema, and generated here from what ckpt_core
 accepts instead of from the document: an inline ``model.config`` (an HF
 config.json; whether transformers builds it is not a JSON Schema question),
 and ``workload.lora_targets`` (suffixes of the linear layers of THAT model).
-One rule between fields is beyond JSON Schema too: ``gpus_per_node`` divides
-``world_size`` (a well-typed pair is made to; the document says it in words).
+Two rules of ``gpus_per_node`` the document says in words: it divides
+``world_size`` (beyond JSON Schema), and it is given with ``host_memory_gb`` when
+``world_size`` > 1 (stated in words to keep the document within what the
+generator can take, see service/schemas.py); a well-typed request is made to
+keep both.
 A well-typed value in those places is swapped for a real one (a tiny config of
 a supported family; suffixes of the model's block linears); an ill-typed one
 is left as generated, so schema-violating requests stay violations.  A second
@@ -175,20 +178,42 @@ def _set_config(body: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     return {**body, "model": {**body["model"], "config": config}}
 
 
-def _dividing_nodes(body: Any) -> Any:
-    """``gpus_per_node`` must divide ``world_size``, which JSON Schema cannot say.
+def _whole(value: object) -> int | None:
+    """`value` as JSON Schema's integer (4 and 4.0), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return int(value) if float(value).is_integer() else None
 
-    A well-typed pair is made to divide (their gcd); anything else stays as
-    generated, so an invalid request stays invalid.
+
+def _node_rules(body: Any) -> Any:
+    """The two rules of ``gpus_per_node`` the document says in words: it divides
+    ``world_size``, and it is given with ``host_memory_gb`` when ``world_size`` > 1.
+
+    A well-typed request is made to keep them (the gcd; the whole world as one
+    node); anything else stays as generated, so an invalid request stays invalid.
     """
     workload = body.get("workload") if isinstance(body, dict) else None
     if not isinstance(workload, dict):
         return body
-    per_node, world = workload.get("gpus_per_node"), workload.get("world_size", 1)
-    exact = [type(v) is int for v in (per_node, world)]
-    if not all(exact) or per_node < 1 or world < 1 or world % per_node == 0:
+    world = _whole(workload.get("world_size", 1))
+    if world is None or world < 1:
         return body
-    return {**body, "workload": {**workload, "gpus_per_node": math.gcd(per_node, world)}}
+    per_node = workload.get("gpus_per_node")
+    host = workload.get("host_memory_gb")
+    if per_node is None and world > 1 and _is_number(host):
+        return _with_nodes(body, world)
+    per_node = _whole(per_node)
+    if per_node is None or per_node < 1 or world % per_node == 0:
+        return body
+    return _with_nodes(body, math.gcd(per_node, world))
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _with_nodes(body: dict[str, Any], per_node: int) -> dict[str, Any]:
+    return {**body, "workload": {**body["workload"], "gpus_per_node": per_node}}
 
 
 @schema.hook
@@ -196,7 +221,7 @@ def flatmap_body(context: Any, body: Any) -> st.SearchStrategy[Any]:
     """Swap the opaque values (see the module docstring) for real ones when well-typed."""
     if not isinstance(body, dict):
         return st.just(body)
-    body = _dividing_nodes(body)
+    body = _node_rules(body)
     model = body.get("model")
     if isinstance(model, dict) and isinstance(model.get("config"), dict):
         measured = isinstance(body.get("measure"), dict)
