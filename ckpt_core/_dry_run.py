@@ -55,7 +55,8 @@ class DryRunReport:
     ``reason`` (``auto`` only) says how the granularity was chosen: with a
     measurement shape, as `make_plan` chooses for that workload (model-aware,
     ``block_plan`` set when it chose blocks between the tiers); without one, or
-    for a model type the estimate does not describe, by the VRAM thresholds.  Both appear in `to_dict` only when set.
+    for a model type the estimate does not describe, by the VRAM thresholds.
+    Both appear in `to_dict` only when set.
     """
 
     tier: Tier

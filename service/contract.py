@@ -147,14 +147,15 @@ def _merged(cases: Iterable[Allowed]) -> Allowed | None:
     required: list[str] = []
     for case in cases:
         for name, value in case.fields.items():
-            known = fields.get(name)
+            known = fields.get(name, value)
             if isinstance(known, frozenset) and isinstance(value, frozenset):
-                value = known & value
-                if not value:
+                fields[name] = known & value
+                if not fields[name]:
                     return None
-            elif known is not None and known != value:
+            elif known != value:
                 raise ValueError(f"{name}: cannot intersect {known!r} and {value!r}")
-            fields[name] = value
+            else:
+                fields[name] = value
         required += [name for name in case.required if name not in required]
     return Allowed(required, **fields)
 

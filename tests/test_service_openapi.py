@@ -93,7 +93,8 @@ def _schemas(node: Any) -> Any:
     if isinstance(node, dict):
         yield node
         for key, value in node.items():
-            children = value.values() if key == "properties" and isinstance(value, dict) else [value]
+            named = key == "properties" and isinstance(value, dict)
+            children = value.values() if named else [value]
             for child in children:
                 yield from _schemas(child)
     elif isinstance(node, list):
@@ -111,3 +112,48 @@ def test_no_bound_is_written_in_a_keyword_json_schema_ignores(document: dict[str
         if key in schema
     ]
     assert stray == []
+
+
+_CROSS_FIELD = {
+    "method": ("full", "lora", "qlora", None),
+    "weights": ("bf16", "fp16", "fp32", "int8", "nf4", None),
+    "compute": ("loaded", "autocast", None),
+    "dtype": ("bf16", "fp16", "fp32", None),
+}
+_SHARDING = {
+    "sharding": ("none", "zero1", "zero2", "zero3", None),
+    "engine": ("torch", "deepspeed", None),
+    "offload": ("none", "optimizer", "all", None),
+    "hybrid": (False, True, None),
+    "gpus_per_node": (2, None),
+}
+
+
+@pytest.mark.parametrize("fields", [_CROSS_FIELD, _SHARDING], ids=["precision", "sharding"])
+def test_cross_field_rules_accept_what_ckpt_core_accepts(
+    document: dict[str, Any], fields: dict[str, tuple[Any, ...]]
+) -> None:
+    """Every combination of the fields the rules name (None: the field left out):
+    the document's workload schema and ckpt_core's Workload agree on each."""
+    import itertools
+
+    import jsonschema
+
+    import ckpt_core
+
+    workload_schema = {**document["components"]["schemas"]["WorkloadSpec"]}
+    validator = jsonschema.Draft202012Validator(workload_schema)
+    disagreements = []
+    for values in itertools.product(*fields.values()):
+        given = {k: v for k, v in zip(fields, values, strict=True) if v is not None}
+        workload = {"seq_len": 8, "world_size": 4, **given}
+        by_document = validator.is_valid(workload)
+        try:
+            ckpt_core.Workload(**workload)
+        except ckpt_core.InvalidWorkloadError:
+            by_ckpt_core = False
+        else:
+            by_ckpt_core = True
+        if by_document != by_ckpt_core:
+            disagreements.append((given, by_document, by_ckpt_core))
+    assert disagreements == []

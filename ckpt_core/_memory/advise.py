@@ -166,12 +166,6 @@ def activation_dtype_bytes(workload: Workload) -> int:
 
 
 def _check_fits_model(arch: Arch, workload: Workload) -> None:
-    if workload.method == "full" and workload.weight_storage in ("int8", "nf4"):
-        raise InvalidWorkloadError(
-            f"full fine-tuning cannot train {workload.weight_storage} weights; use method "
-            "'qlora' (adapters over quantized weights) or bf16 / fp32 weights",
-            field="workload.weights",
-        )
     if arch.positions and workload.seq_len > arch.positions:
         raise InvalidWorkloadError(
             f"seq_len {workload.seq_len} is longer than the model's learned positions "

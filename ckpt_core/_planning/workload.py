@@ -92,6 +92,12 @@ class Workload:
                 f"got {self.weights!r}",
                 field="workload.weights",
             )
+        if self.method == "full" and self.weights in QUANTIZED:
+            raise InvalidWorkloadError(
+                f"full fine-tuning cannot train {self.weights} weights; use method "
+                "'qlora' (adapters over quantized weights) or bf16 / fp32 weights",
+                field="workload.weights",
+            )
         _check_targets(self.lora_targets)
         _check_headroom(self.headroom)
         _check_bool("double_quant", self.double_quant)
