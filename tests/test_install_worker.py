@@ -3,11 +3,11 @@
 ``python -m venv`` (no system site-packages), then the README's install line,
 ``python -m pip install ".[worker]"``, on a copy of the project's sources, with
 the test lock as constraints so the environment gets the releases the suite
-runs on (and the CPU torch wheel) wherever pip finds packages on this machine.
-Then the README's worker quick start runs there as pasted: it imports
-ckpt_core, builds a plan and constructs TrainingArguments.  Slow (marked in
-tests/_markers.py): pip resolves and installs torch, transformers, accelerate
-and httpx.
+runs on (and the CPU torch wheel) from wherever pip finds packages.  Then the
+README's worker quick start runs there as pasted (it imports ckpt_core, builds
+a plan and constructs TrainingArguments), and ``examples/finetune_tiny.py``
+trains with the same install.  Slow (marked in tests/_markers.py): pip
+resolves and installs torch, transformers, accelerate and httpx.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def _copy_sources(target: Path) -> None:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, target / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for package in ("ckpt_core", "service"):
+    for package in ("ckpt_core", "service", "examples"):
         shutil.copytree(ROOT / package, target / package, ignore=ignore)
 
 
@@ -95,3 +95,17 @@ def test_the_worker_install_runs_the_quick_start(tmp_path: Path) -> None:
         printed.group(1),
         "TrainingArguments CheckpointPlanCallback True",
     ], run.stdout
+
+    # The README's example fine-tunes with the same install (Trainer needs accelerate).
+    example = subprocess.run(
+        [str(python), str(source / "examples" / "finetune_tiny.py"), "--steps", "2"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert example.returncode == 0, example.stderr[-4000:]
+    for tier in ("full", "medium", "selective"):
+        assert f"{tier} vs off: same losses" in example.stdout, example.stdout
