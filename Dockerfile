@@ -3,7 +3,7 @@
 #   docker build -t ckpt-advisor .
 #   docker run --rm -p 8000:8000 --read-only --tmpfs /tmp ckpt-advisor
 #
-# Settings are CKPT_* environment variables (README, "Service").
+# Settings are CKPT_* environment variables (docs/service.md, "Settings").
 
 ARG BASE=python:3.11-slim-bookworm
 FROM ${BASE}

@@ -24,6 +24,7 @@ SLOW_MODULES: Final = frozenset(
         "test_service_uvicorn",
         "test_hostile",
         "test_distributed_gloo",
+        "test_install_worker",
     }
 )
 
