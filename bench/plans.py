@@ -8,10 +8,14 @@ Per cell, with the same memory model (`tier_memory`) and FLOPs model:
 
 - tier-only: the auto of the fixed order (off < selective < medium < full,
   the first tier whose peak fits);
-- auto: `search.cheapest_fit`, what `make_plan` answers;
+- auto: `search.cheapest_fit`, what `make_plan` answers when a plan clears the
+  estimate's error band (`search.auto_pick`);
 - optimum: every count of off / selective / full blocks per kind of block
   (sliding or global attention, MoE or dense, encoder or decoder), the least
   recompute whose peak fits.
+
+"Fits" is auto's rule for all three: the peak within ``gpu_memory x (1 -
+headroom) / (1 + band)``, the budget with the estimate's error band to spare.
 
 Prints per preset and overall: cells with a feasible plan, the compute saved
 by auto against tier-only (``1 - auto / tier-only`` of the step's FLOPs),
@@ -88,6 +92,7 @@ def _cell(preset: str, gib: float, seq: int, method: str, repeat: int) -> Cell |
     from ckpt_core._errors import InvalidWorkloadError
     from ckpt_core._memory.advise import model_facts, parse_workload, prepare
     from ckpt_core._memory.search import cheapest_fit, tier_candidates
+    from ckpt_core._memory.verdict import TIGHT_BANDS
 
     workload = {"seq_len": seq, "method": method}
     try:
@@ -95,7 +100,8 @@ def _cell(preset: str, gib: float, seq: int, method: str, repeat: int) -> Cell |
     except InvalidWorkloadError:
         return None  # beyond the model's learned positions
     arch, step, static = run.facts.arch, run.step, run.peak
-    budget = int(gib * (1 << 30) * (1 - run.workload.headroom))
+    usable = gib * (1 << 30) * (1 - run.workload.headroom)
+    budget = int(usable / (1 + TIGHT_BANDS[step.attention]))
     cell = Cell(preset, gib, seq, method)
     tiers = tier_candidates(arch, step, static)
     fitting = [tiers[t] for t in ORDER if tiers[t].memory.peak_bytes <= budget]

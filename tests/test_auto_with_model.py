@@ -17,6 +17,7 @@ import pytest
 from ckpt_core import InvalidWorkloadError, ModelConfigError, make_plan
 from ckpt_core._memory.alternatives import SEQ_UNIT
 from ckpt_core._planning.tiers import auto_granularity_by_memory
+from tests._auto_rule import assert_auto_rule
 
 TIERS = ("off", "selective", "medium", "full")
 CASES = [
@@ -81,9 +82,7 @@ def test_the_chosen_plan_fits_and_no_cheaper_tier_does(
     budget = gib * 2**30 * (1 - result.estimate["assumptions"]["headroom"])
     assert chosen["fits"] and chosen["peak_bytes"] <= budget
     assert chosen["granularity"] == (result.granularity or "off")
-    for row in tiers.values():
-        if row["fits"]:
-            assert chosen["recompute_flops_ratio"] <= row["recompute_flops_ratio"]
+    assert_auto_rule(tiers, chosen)
 
 
 def test_nothing_fits_says_so_and_its_alternatives_fit() -> None:

@@ -19,6 +19,7 @@ from ckpt_core._memory.placement import place
 from ckpt_core._memory.search import canonical, evaluate
 from ckpt_core._planning.block_plan import BlockPlan, every_n_set
 from ckpt_core._planning.training_args import parse_transformers_version, trainer_settings
+from tests._auto_rule import assert_auto_rule
 
 GIB = 2**30
 
@@ -100,9 +101,7 @@ def test_auto_never_exceeds_the_budget_and_is_monotone_in_gpu_memory(
         if "nothing fits" in result.reason:
             continue
         assert chosen["fits"] and chosen["peak_bytes"] <= budget_of(result)
-        for row in result.estimate["tiers"].values():
-            if row["fits"]:
-                assert chosen["recompute_flops_ratio"] <= row["recompute_flops_ratio"]
+        assert_auto_rule(result.estimate["tiers"], chosen)
         if result.block_plan is not None:
             _assert_block_plan_is_the_chosen_counts(preset, workload, result)
     assert ratios == sorted(ratios, reverse=True)

@@ -9,9 +9,10 @@
         "activation_bytes", "peak_bytes", "recompute_flops_ratio", "fits"},
      "alternatives": [...]}  # auto only, when nothing fits
 
-`choose` picks ``auto``'s plan: the least recompute FLOPs ratio, among the
-four tiers and the block-level plans between them (`search.cheapest_fit`),
-whose peak fits ``gpu_memory x (1 - headroom)``.  When nothing fits it says
+`choose` picks ``auto``'s plan (`search.auto_pick`): the least recompute FLOPs
+ratio, among the four tiers and the block-level plans between them, whose peak
+fits ``gpu_memory x (1 - headroom)`` with the estimate's error band to spare;
+when none does, the least memory (answered ``tight``).  When nothing fits it says
 so, with the numbers and the nearest workloads that fit
 (`alternatives.alternatives`).  Without GPU memory it chooses full, the safe
 choice, and says why.
@@ -44,7 +45,7 @@ from ckpt_core._memory.ledger import Step
 from ckpt_core._memory.param_layout import ParamLayout
 from ckpt_core._memory.peak import Recipe
 from ckpt_core._memory.placement import place
-from ckpt_core._memory.search import Candidate, cheapest_fit, granularity_of, tier_candidates
+from ckpt_core._memory.search import Candidate, auto_pick, granularity_of, tier_candidates
 from ckpt_core._memory.sharding import distributed_summary, per_gpu_memory
 from ckpt_core._memory.verdict import TIGHT_BANDS, tight_note, verdict
 from ckpt_core._planning.block_plan import BlockPlan
@@ -290,8 +291,9 @@ def choose(
     arch, step = run.facts.arch, run.step
     budget = estimate["assumptions"]["budget_bytes"]
     where = f"{_gib(budget)} usable of {gpu_memory_gb:.1f} GiB (headroom {run.workload.headroom:g})"
-    best = cheapest_fit(arch, step, run.peak, budget, tiers)
-    if best is None:
+    band = estimate["assumptions"]["tight_band"]
+    picked = auto_pick(arch, step, run.peak, budget, band=band, tiers=tiers)
+    if picked is None:
         judge, feasible = judges_for(lambda workload: prepare(run.facts, workload, run.gpu), budget)
         options = tuple(alternatives(run.workload, judge, feasible))
         reason = (
@@ -299,14 +301,20 @@ def choose(
             f"{_gib(tiers['full'].memory.peak_bytes)} > {where}; {_options_text(run, options)}"
         )
         return Choice("full", reason, tiers["full"], alternatives=options)
+    best, clear = picked
+    if clear:
+        why = f"{_label(best)} has the least recompute that fits with the estimate's "
+        why += f"{band:.0%} error band to spare"
+    else:
+        why = f"no plan clears the estimate's {band:.0%} error band; {_label(best)} needs "
+        why += "the least memory"
     name = granularity_of(best)
     block_plan = place(arch, best.counts) if best.tier is None else None
     reason = (
-        f"auto: {_label(best)} has the least recompute that fits "
-        f"({best.ratio:.4f}x the FLOPs of no checkpointing{_next_to_tiers(best, tiers, budget)}), "
+        f"auto: {why} ({best.ratio:.4f}x the FLOPs of no checkpointing"
+        f"{_next_to_tiers(best, tiers, int(budget / (1 + band)))}), "
         f"estimated peak {_gib(best.memory.peak_bytes)} <= {where}"
     )
-    band = estimate["assumptions"]["tight_band"]
     reason += tight_note(verdict(best.memory.peak_bytes, budget, band), band)
     granularity = None if name == "off" else name
     return Choice(granularity, reason + selective_note(run, estimate, name), best, block_plan)
@@ -326,7 +334,7 @@ def _next_to_tiers(best: Candidate, tiers: Mapping[str, Candidate], budget: int)
     if best.tier is not None or not fitting:
         return ""
     cheapest = min(fitting, key=lambda c: c.ratio)
-    return f"; the cheapest tier that fits, {cheapest.tier}, costs {cheapest.ratio:.4f}x"
+    return f"; the cheapest tier that does, {cheapest.tier}, costs {cheapest.ratio:.4f}x"
 
 
 def _options_text(run: Run, options: tuple[Alternative, ...]) -> str:

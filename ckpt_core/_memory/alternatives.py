@@ -12,7 +12,7 @@ fine-tune at any sequence, but does as QLoRA at a slightly shorter one):
   full's peak, the lowest of any assignment: each block checkpointed whole
   keeps the least, and the recompute working set is one block's however many
   are checkpointed);
-- the plan: the least recompute that fits that workload (`search.cheapest_fit`).
+- the plan: what auto answers for that workload (`search.auto_pick`).
 
 Of the options found, those on the frontier are kept - no other option is at
 least as close to the request in every change and at least as cheap in
@@ -25,7 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from ckpt_core._memory.search import Candidate, cheapest_fit, granularity_of, tier_candidates
+from ckpt_core._memory.search import Candidate, auto_pick, granularity_of, tier_candidates
+from ckpt_core._memory.verdict import TIGHT_BANDS
 from ckpt_core._planning.workload import Workload
 
 MAX_ALTERNATIVES: Final = 4
@@ -144,7 +145,10 @@ def judges_for(
     def judge(workload: Workload) -> Candidate | None:
         run = prepare(workload)
         arch, step, peak = run.facts.arch, run.step, run.peak
-        return cheapest_fit(arch, step, peak, budget, tier_candidates(arch, step, peak))
+        tiers = tier_candidates(arch, step, peak)
+        band = TIGHT_BANDS[step.attention]
+        picked = auto_pick(arch, step, peak, budget, band=band, tiers=tiers)
+        return None if picked is None else picked[0]
 
     def feasible(workload: Workload) -> bool:
         run = prepare(workload)

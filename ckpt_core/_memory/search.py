@@ -96,6 +96,29 @@ def cheapest_fit(
     return min(fitting, key=lambda c: (c.ratio, c.memory.peak_bytes, c.tier is None))
 
 
+def auto_pick(
+    arch: Arch,
+    step: Step,
+    peak: PeakModel,
+    budget: int,
+    *,
+    band: float,
+    tiers: dict[str, Candidate],
+) -> tuple[Candidate, bool] | None:
+    """What ``auto`` answers, and whether it is clear of the estimate's error band.
+
+    A plan that fits only within the band (``band``, a fraction of the peak) may run
+    out of memory, so the least recompute clear of it comes first; when none is, the
+    least memory, if that fits at all (not the cheapest plan inside the band: more
+    memory would then buy more recompute).  None when nothing fits.
+    """
+    clear = cheapest_fit(arch, step, peak, int(budget / (1 + band)), tiers)
+    if clear is not None:
+        return clear, True
+    least = min(tiers.values(), key=lambda c: (c.memory.peak_bytes, -c.ratio))
+    return (least, False) if least.memory.peak_bytes <= budget else None
+
+
 def _tier_of(arch: Arch, counts: ModeCounts) -> ConcreteTier | None:
     return next(
         (t for t in CONCRETE_TIERS if canonical(arch, mode_counts(arch, t)) == counts), None
