@@ -3,7 +3,9 @@
 Records of the ``service`` loggers (the access log included) go through a
 `QueueHandler` to a `QueueListener` thread that formats them as JSON
 (python-json-logger) and writes them: the event loop only builds the record
-and puts it on the queue, never waits for the stream.  The request id lives
+and puts it on the queue, never waits for the stream.  The thread works in
+batches (`BatchingQueueListener`): what is queued is formatted, then written
+in one write, and the thread sleeps a moment before it waits again.  The request id lives
 in a context variable set by the request middleware; the queue handler copies
 it into the record while still in the request's context, so every line
 written while a request is handled carries it.  `uvicorn_log_config` routes
@@ -18,10 +20,11 @@ import logging
 import queue
 import sys
 import threading
+import time
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from logging.handlers import QueueHandler, QueueListener
-from typing import Any
+from typing import Any, Final
 
 from pythonjsonlogger.core import RESERVED_ATTRS
 from pythonjsonlogger.json import JsonFormatter as _JsonFormatter
@@ -29,6 +32,9 @@ from pythonjsonlogger.json import JsonFormatter as _JsonFormatter
 request_id_var: ContextVar[str | None] = ContextVar("request_id", default=None)
 
 SERVICE_LOGGER = "service"
+# How long the writer thread lets lines gather once the queue has run dry: the most a
+# line waits before it is written, and the fewest wake-ups of the thread a second.
+BATCH_INTERVAL_S: Final = 0.05
 
 
 class JsonFormatter(_JsonFormatter):
@@ -59,12 +65,64 @@ class JsonFormatter(_JsonFormatter):
                 log_data["request_id"] = request_id
 
 
-class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """Writes to ``sys.stderr`` as it is at each write (pytest replaces it)."""
+class BatchStderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Formats each record as it comes and writes them all to ``sys.stderr`` on `flush`.
+
+    One write per batch instead of one per line: every write releases and
+    retakes the GIL, which the event loop then waits for.  ``sys.stderr`` is
+    looked up at each write (pytest replaces it).
+    """
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+        self._lines: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.stream = sys.stderr
-        super().emit(record)
+        try:
+            self._lines.append(self.format(record))
+        except Exception:  # a record that cannot be formatted: reported as logging does
+            self.handleError(record)
+
+    def flush(self) -> None:
+        with self.lock:  # type: ignore[union-attr] - Handler.createLock always sets it
+            if not self._lines:
+                return
+            text = self.terminator.join(self._lines) + self.terminator
+            self._lines.clear()
+            self.stream = sys.stderr
+            self.stream.write(text)
+            self.stream.flush()
+
+
+class BatchingQueueListener(QueueListener):
+    """A `QueueListener` that writes what is queued in batches, waking once a batch.
+
+    Woken for every record, the thread took the GIL from the event loop once
+    per access line, which cost a busy service far more than formatting the
+    line.  Once the queue has run dry it flushes its handlers (one write),
+    sleeps `BATCH_INTERVAL_S` so that lines gather, then waits as usual: an idle
+    service's thread sleeps, a busy one's wakes at most 1 / `BATCH_INTERVAL_S`
+    times a second.
+    """
+
+    def dequeue(self, block: bool) -> Any:
+        try:
+            return self.queue.get_nowait()
+        except queue.Empty:
+            if not block:
+                raise
+        self._flush_handlers()
+        time.sleep(BATCH_INTERVAL_S)
+        return self.queue.get(block)
+
+    def stop(self) -> None:
+        """Write everything queued before the call, then stop the thread."""
+        super().stop()
+        self._flush_handlers()
+
+    def _flush_handlers(self) -> None:
+        for handler in self.handlers:
+            handler.flush()
 
 
 class ContextQueueHandler(QueueHandler):
@@ -88,14 +146,14 @@ class ContextQueueHandler(QueueHandler):
 
 
 _lock = threading.Lock()
-_listener: QueueListener | None = None
+_listener: BatchingQueueListener | None = None
 
 
 def _start_listener(handler: ContextQueueHandler) -> None:
     global _listener  # noqa: PLW0603 - one writer thread per process, shared by every app
-    output = _StderrHandler()
+    output = BatchStderrHandler()
     output.setFormatter(JsonFormatter())
-    _listener = QueueListener(handler.queue, output, respect_handler_level=False)
+    _listener = BatchingQueueListener(handler.queue, output, respect_handler_level=False)
     _listener.start()
 
 

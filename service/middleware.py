@@ -102,12 +102,16 @@ def _log_access(method: str, path: str, route: str, status: int, seconds: float)
     """One access line (``service.access``): info, or debug for a successful probe."""
     level = logging.DEBUG if route in _QUIET_ROUTES and status < 400 else logging.INFO
     if access_log.isEnabledFor(level):
-        access_log.log(
+        # A record made and handled directly: `Logger.log` would also walk the stack
+        # for the caller's file and line, which the JSON line does not carry.
+        record = access_log.makeRecord(
+            ACCESS_LOGGER,
             level,
+            __file__,
+            0,
             "%s %s %s",
-            method,
-            path,
-            status,
+            (method, path, status),
+            None,
             extra={
                 "method": method,
                 "path": path,
@@ -116,6 +120,7 @@ def _log_access(method: str, path: str, route: str, status: int, seconds: float)
                 "duration_ms": round(seconds * 1000, 3),
             },
         )
+        access_log.handle(record)
 
 
 def raw_header(scope: Scope, name: bytes) -> str | None:

@@ -9,14 +9,25 @@ levels decide what is written, and that shutdown writes what is queued.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
+import logging.handlers
+import queue
+import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from service.logs import configure_logging, flush_logs, request_id_var
+from service.logs import (
+    BatchingQueueListener,
+    BatchStderrHandler,
+    configure_logging,
+    flush_logs,
+    request_id_var,
+)
 from service.middleware import ACCESS_LOGGER, BodyLimitMiddleware
 from tests.conftest import service_client
 
@@ -132,3 +143,58 @@ def test_a_request_without_a_body_is_not_read_or_timed() -> None:
     middleware = BodyLimitMiddleware(app, max_bytes=10, timeout_s=0.01)
     asyncio.run(asyncio.wait_for(middleware(scope, never_answers, refuse), timeout=5))
     assert seen["receive"] is never_answers
+
+
+class _CountingStream(io.StringIO):
+    """A stderr stand-in that counts its writes."""
+
+    writes = 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        return super().write(text)
+
+
+def _listener(stream: _CountingStream) -> tuple[logging.Logger, BatchingQueueListener]:
+    handler = logging.handlers.QueueHandler(queue.SimpleQueue())
+    logger = logging.getLogger(f"test.batching.{id(stream)}")
+    logger.propagate = False
+    logger.addHandler(handler)
+    logger.setLevel("INFO")
+    output = BatchStderrHandler()
+    output.setFormatter(logging.Formatter("%(message)s"))
+    listener = BatchingQueueListener(handler.queue, output)
+    return logger, listener
+
+
+def test_lines_queued_together_are_written_in_one_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    stream = _CountingStream()
+    monkeypatch.setattr(sys, "stderr", stream)
+    logger, listener = _listener(stream)
+    for number in range(50):
+        logger.info("line %d", number)
+    listener.start()  # the thread finds all 50 queued
+    listener.stop()
+    assert stream.getvalue().splitlines() == [f"line {n}" for n in range(50)]
+    assert stream.writes == 1
+
+
+def test_a_line_is_written_without_a_flush_within_the_batch_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    stream = _CountingStream()
+    monkeypatch.setattr(sys, "stderr", stream)
+    logger, listener = _listener(stream)
+    listener.start()
+    try:
+        logger.info("first")
+        deadline = time.monotonic() + 5  # generous: a loaded CI machine
+        while "first" not in stream.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert stream.getvalue() == "first\n"
+        logger.info("second")  # the thread now sleeps a batch interval, then writes it
+        while "second" not in stream.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert stream.getvalue() == "first\nsecond\n"
+    finally:
+        listener.stop()
