@@ -14,9 +14,6 @@ GPU memory, measurement shape and the library versions.
 from __future__ import annotations
 
 import asyncio
-import gc
-import logging
-import time
 from collections.abc import Hashable, Mapping
 from dataclasses import fields
 from importlib import metadata
@@ -27,27 +24,18 @@ from starlette.concurrency import run_in_threadpool
 
 from ckpt_core import (
     MEASURE_FIELDS,
-    CkptError,
     ConfigLimits,
     installed_transformers_version,
-    load_model_config,
     make_plan,
     measure_shape,
     model_config_key,
 )
 from service import worker
-from service.errors import (
-    DryRunBusyError,
-    DryRunCrashedError,
-    DryRunFailedError,
-    DryRunTimeoutError,
-    DryRunUnavailableError,
-)
+from service.errors import DryRunFailedError
+from service.jobs import PooledJobs
 from service.metrics import Metrics
-from service.pool import JobTimeoutError, PoolBusyError, WorkerCrashedError, WorkerPool
+from service.pool import WorkerPool
 from service.settings import Settings
-
-log = logging.getLogger(__name__)
 
 
 def _version(package: str) -> str | None:
@@ -66,11 +54,11 @@ class DryRunner:
 
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self.limits: ConfigLimits = settings.config_limits
-        self.retry_after_s = settings.dry_run_retry_after_s
         self.metrics = metrics
         # Touched only on the event loop.
         self.cache: LRUCache[Hashable, dict[str, Any]] = LRUCache(settings.dry_run_cache_size)
-        self.pool = WorkerPool(
+        pool = WorkerPool(
+            name="dry-run",
             job=worker.run_job,
             warm_up=worker.warm_up,
             size=settings.dry_run_workers,
@@ -79,34 +67,26 @@ class DryRunner:
             preload=worker.PRELOAD,
             cpu_priority=settings.dry_run_cpu_priority,
         )
-        metrics.track_pool(lambda: self.pool.queue_depth, lambda: self.pool.busy)
-        self._started = False
+        self.jobs = PooledJobs(
+            pool,
+            code="dry_run",
+            retry_after_s=settings.dry_run_retry_after_s,
+            metrics=metrics.dry_runs,
+            failed=lambda text: DryRunFailedError(f"the dry run failed: {text}"),
+        )
 
     @property
-    def ready(self) -> bool:
-        """`start` has finished and the pool is up."""
-        return self._started and self.pool.ready
+    def pool(self) -> WorkerPool:
+        return self.jobs.pool
 
     async def start(self) -> None:
-        """Warm up the workers and, in a thread, this process's config validation.
-
-        Then freeze the heap: validation imported transformers and torch, some
-        380k objects that live as long as the process, and a full garbage
-        collection over them takes ~150 ms here - a stall of the event loop
-        that showed as the p99 of ``/resolve``.  Frozen objects are never
-        scanned again; what is allocated later is collected as usual.
-        """
+        """Start the workers and, in a thread, import what this process's own checks
+        need (transformers' table of model types: seconds, once, that would otherwise
+        stall the first dry run)."""
         await asyncio.gather(
-            run_in_threadpool(load_model_config, worker.WARM_UP_MODEL, limits=self.limits),
-            self.pool.start(),
+            run_in_threadpool(model_config_key, worker.WARM_UP_MODEL, limits=self.limits),
+            self.jobs.start(),
         )
-        gc.collect()  # garbage now is not frozen for good
-        gc.freeze()
-        self._started = True
-
-    async def close(self) -> None:
-        await self.pool.close()
-        gc.unfreeze()  # several apps in one process (tests): let the heap be collected
 
     async def run(self, request: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
         """The report for a dry-run request and whether it came from the cache.
@@ -120,7 +100,7 @@ class DryRunner:
         self.metrics.cache.labels("hit" if cached is not None else "miss").inc()
         if cached is not None:
             return cached, True
-        report = await self._run_in_pool(kwargs)
+        report: dict[str, Any] = await self.jobs.run(kwargs)
         if self.cache.maxsize:
             self.cache[key] = report
         return report, False
@@ -150,38 +130,3 @@ class DryRunner:
             plan.transformers_version,
             *_LIBRARY_VERSIONS,
         )
-
-    async def _run_in_pool(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        started = time.perf_counter()
-        try:
-            result = await self.pool.run(kwargs)
-        except PoolBusyError as exc:
-            raise DryRunBusyError(
-                f"{exc}; retry in {self.retry_after_s} s",
-                headers={"Retry-After": str(self.retry_after_s)},
-            ) from None
-        except JobTimeoutError as exc:
-            self._observe("timeout", started)
-            raise DryRunTimeoutError(f"{exc}; the service is unaffected") from None
-        except WorkerCrashedError as exc:
-            self._observe("crashed", started)
-            raise DryRunCrashedError(f"{exc}; it is being replaced, retry") from None
-        self._observe("ok" if "report" in result else next(iter(result)), started)
-        return _unwrap(result)
-
-    def _observe(self, outcome: str, started: float) -> None:
-        self.metrics.dry_runs.labels(outcome).observe(time.perf_counter() - started)
-
-
-def _unwrap(result: dict[str, Any]) -> dict[str, Any]:
-    """The report from `worker.run_job`'s answer, or the error it carries."""
-    if "report" in result:
-        return result["report"]
-    if "error" in result:
-        error = result["error"]
-        assert isinstance(error, CkptError)
-        raise error
-    if "unavailable" in result:
-        raise DryRunUnavailableError(result["unavailable"])
-    log.error("dry run failed in the worker: %s\n%s", result["failed"], result["traceback"])
-    raise DryRunFailedError(f"the dry run failed: {result['failed']}")

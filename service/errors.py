@@ -13,11 +13,12 @@ Status codes, one rule each:
   every ckpt_core `CkptError` that is a `ValueError` (unknown tier, bad GPU
   memory, unknown preset, config over the bounds, ...);
 - 409: a ckpt_core error about state, not values (`CheckpointConflictError`);
-- 429 (+ ``Retry-After``): the dry-run pool and its queue are full;
+- 429 (+ ``Retry-After``): a worker pool (dry runs, estimates with a model) and its
+  queue are full;
 - 501: the dry run asked for a feature this build lacks;
-- 503: a dry-run worker died mid-run (it is replaced), or (+ ``Retry-After``) the
+- 503: a pool's worker died mid-job (it is replaced), or (+ ``Retry-After``) the
   service is shutting down and its grace period ended mid-request; retry;
-- 504: a dry run hit its time limit (its worker was killed and replaced);
+- 504: a dry run or an estimate hit its time limit (its worker was killed and replaced);
 - 500: a bug in the service, never input (logged with a traceback).
 """
 
@@ -46,12 +47,19 @@ class ServiceError(Exception):
     code = "bad_request"
 
     def __init__(
-        self, message: str, *, field: str | None = None, headers: dict[str, str] | None = None
+        self,
+        message: str,
+        *,
+        field: str | None = None,
+        headers: dict[str, str] | None = None,
+        code: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.field = field
         self.headers = headers
+        if code is not None:  # one class, several codes: the pool errors name their pool
+            self.code = code
 
 
 class MalformedJSONError(ServiceError):
@@ -96,25 +104,25 @@ class UnauthorizedError(ServiceError):
     code = "unauthorized"
 
 
-class DryRunBusyError(ServiceError):
-    """Every dry-run worker is busy and the queue is full."""
+class PoolBusyServiceError(ServiceError):
+    """Every worker of a pool is busy and its queue is full (``<pool>_busy``)."""
 
     status = 429
-    code = "dry_run_busy"
+    code = "busy"
 
 
-class DryRunTimeoutError(ServiceError):
-    """A dry run exceeded its time limit."""
+class JobTimeoutServiceError(ServiceError):
+    """A job of a worker pool exceeded its time limit (``<pool>_timeout``)."""
 
     status = 504
-    code = "dry_run_timeout"
+    code = "timeout"
 
 
-class DryRunCrashedError(ServiceError):
-    """The worker process died during the dry run."""
+class WorkerCrashedServiceError(ServiceError):
+    """A worker process died during its job (``<pool>_worker_crashed``)."""
 
     status = 503
-    code = "dry_run_worker_crashed"
+    code = "worker_crashed"
 
 
 class DryRunFailedError(ServiceError):

@@ -3,32 +3,39 @@
 Without a model an answer depends only on a few validated scalars (tier, GPU
 memory or name, transformers version) and `make_plan` is a pure function of
 them: each distinct set is planned, checked against the response model and
-serialised once.  With a model, the answer is as pure a function of the
-validated body and the service's config bounds, but takes milliseconds: it is
-computed in a thread and kept by the body as canonical JSON (sorted keys), up
-to `MAX_MODEL_KEY_CHARS`.  A model asked about again with another workload
-reuses its validated `ModelConfig` (building the transformers config is 1-2 ms
-of pure Python that holds the GIL against the event loop).  Errors are raised
-before anything is stored, so bad input is never cached.
+serialised once, on the event loop (microseconds).  With a model (or a
+workload), the answer is as pure a function of the validated body and the
+service's config bounds, but the estimate replays a training step through the
+allocator model: tens of milliseconds to a second of pure Python, which in
+this process would hold the GIL against every other request.  It runs in the
+estimate worker pool (`service.jobs`, 429 / 504 / 503 as for dry runs), and
+the answer is kept by the body as canonical JSON (sorted keys), up to
+`MAX_MODEL_KEY_CHARS`.  Errors are raised before anything is stored, so bad
+input is never cached.
 """
 
 from __future__ import annotations
 
 import json
-import threading
 from typing import Any, Final
 
 from cachetools import LRUCache
 from pydantic import BaseModel
-from starlette.concurrency import run_in_threadpool
 
-from ckpt_core import ConfigLimits, ModelConfig, Plan, load_model_config, make_plan
+from ckpt_core import make_plan
+from service import worker
+from service.jobs import PooledJobs
+from service.metrics import Metrics
+from service.pool import WorkerPool
 from service.responses import DescribeResponse, PlanResponse
 from service.schemas import ResolveRequest
+from service.settings import Settings
 
 ANSWER_CACHE_SIZE: Final = 1024
 MODEL_ANSWER_CACHE_SIZE: Final = 256
-MAX_MODEL_KEY_CHARS: Final = 16 * 1024  # an inline 70B config is ~0.5 KiB
+MAX_MODEL_KEY_CHARS: Final = worker.MAX_MODEL_KEY_CHARS
+# Retry-After of a 429 from the estimate pool: an estimate takes up to about a second.
+ESTIMATE_RETRY_AFTER_S: Final = 1
 
 
 def serialised(model: type[BaseModel], data: dict[str, Any]) -> bytes:
@@ -41,19 +48,33 @@ def _canonical(value: object) -> str:
 
 
 class Planner:
-    """The plan answers of one app, and the caches behind them."""
+    """The plan answers of one app, the caches behind them and the estimate pool."""
 
-    def __init__(self, limits: ConfigLimits) -> None:
-        self.limits = limits
+    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+        self.limits = settings.config_limits
         # Touched only on the event loop.
         self.answers: LRUCache[tuple[Any, ...], bytes] = LRUCache(ANSWER_CACHE_SIZE)
         self.descriptions: LRUCache[tuple[Any, ...], tuple[bytes, str]] = LRUCache(
             ANSWER_CACHE_SIZE
         )
         self.model_answers: LRUCache[str, bytes] = LRUCache(MODEL_ANSWER_CACHE_SIZE)
-        # Read and written by request threads (`plan_for`): under the lock.
-        self.model_configs: LRUCache[str, ModelConfig] = LRUCache(MODEL_ANSWER_CACHE_SIZE)
-        self._model_configs_lock = threading.Lock()
+        pool = WorkerPool(
+            name="estimate",
+            job=worker.plan_job,
+            warm_up=worker.warm_up_estimates,
+            size=settings.estimate_workers,
+            queue_limit=settings.estimate_queue,
+            timeout_s=settings.estimate_timeout_s,
+            preload=worker.PRELOAD,
+        )
+        self.jobs = PooledJobs(
+            pool,
+            code="estimate",
+            retry_after_s=ESTIMATE_RETRY_AFTER_S,
+            metrics=metrics.estimates,
+            # make_plan raises only CkptErrors for bad input: anything else is a bug (500).
+            failed=lambda text: RuntimeError(f"the estimate failed in its worker: {text}"),
+        )
 
     async def resolve(self, body: ResolveRequest) -> bytes:
         """The JSON answer of ``POST /resolve`` for a validated body."""
@@ -67,10 +88,9 @@ class Planner:
         text = _canonical(body.model_dump())
         answer = self.model_answers.get(text)
         if answer is None:
-            # A model's validation and estimate take milliseconds (more on a family's
-            # first use, which imports its config code): not on the event loop.
-            plan = await run_in_threadpool(self.plan_for, body)
-            answer = serialised(PlanResponse, plan.to_dict())
+            model = body.model.as_mapping() if body.model is not None else None
+            request = {**body.plan_kwargs(), "model": model, "limits": self.limits}
+            answer = serialised(PlanResponse, await self.jobs.run(request))
             if len(text) <= MAX_MODEL_KEY_CHARS:
                 self.model_answers[text] = answer
         return answer
@@ -90,22 +110,3 @@ class Planner:
             }
             found = self.descriptions[key] = (serialised(DescribeResponse, data), plan.description)
         return found
-
-    def plan_for(self, body: ResolveRequest) -> Plan:
-        """`make_plan` for a request; a model is checked against the bounds first."""
-        model = self.validated_model(body.model.as_mapping()) if body.model else None
-        # A validated ModelConfig: the estimate does not parse it again.
-        return make_plan(**body.plan_kwargs(), model=model)
-
-    def validated_model(self, model: dict[str, Any]) -> ModelConfig:
-        """`load_model_config`, remembered per model (ckpt_core only reads a `ModelConfig`)."""
-        text = _canonical(model)
-        keep = len(text) <= MAX_MODEL_KEY_CHARS
-        with self._model_configs_lock:
-            config = self.model_configs.get(text) if keep else None
-        if config is None:
-            config = load_model_config(model, limits=self.limits)  # raises before it is kept
-            if keep:
-                with self._model_configs_lock:
-                    self.model_configs[text] = config
-        return config

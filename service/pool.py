@@ -5,9 +5,10 @@ job.  Here every worker is one process with its own pipe; a job that overruns
 its time limit gets its worker SIGKILLed and replaced, so a config that makes
 a build spin never hangs the service, and the other workers keep serving.
 
-Why processes at all: building a model on the meta device is pure Python and
-holds the GIL for up to seconds; in a thread it would stall the event loop that
-answers ``/resolve``.
+Why processes at all: building a model on the meta device (a dry run) and
+replaying a training step through the allocator model (an estimate with a
+model) are pure Python and hold the GIL for tenths of a second to seconds; in
+a thread they would stall the event loop that answers every other request.
 
 Workers are forked from a forkserver that has already imported the preload
 modules (torch, transformers), so a replacement starts in milliseconds instead
@@ -62,7 +63,7 @@ class WorkerStartError(Exception):
 # level runs again in each worker.
 MAIN_GUARD_HINT = (
     "if the app is started from a script, that script must create and run it under "
-    '`if __name__ == "__main__":` - every dry-run worker imports the main module '
+    '`if __name__ == "__main__":` - every worker process imports the main module '
     "(multiprocessing forkserver)"
 )
 
@@ -70,15 +71,18 @@ MAIN_GUARD_HINT = (
 class WorkerPool:
     """Run `job(payload)` in one of `size` worker processes; see the module docstring.
 
-    `job` and `warm_up` must be module-level functions (they are pickled by
-    name).  At most `queue_limit` callers wait for a free worker; the next
-    one gets `PoolBusyError`.  `timeout_s` bounds one job's run time.
-    `cpu_priority` is the workers' scheduling class (see `set_cpu_priority`).
+    `name` says what the workers run in messages and process names
+    (``dry-run``, ``estimate``).  `job` and `warm_up` must be module-level
+    functions (they are pickled by name).  At most `queue_limit` callers wait
+    for a free worker; the next one gets `PoolBusyError`.  `timeout_s` bounds
+    one job's run time.  `cpu_priority` is the workers' scheduling class (see
+    `set_cpu_priority`).
     """
 
     def __init__(
         self,
         *,
+        name: str,
         job: Callable[[Any], Any],
         warm_up: Callable[[], None],
         size: int,
@@ -87,6 +91,7 @@ class WorkerPool:
         preload: Sequence[str] = (),
         cpu_priority: CpuPriority = "normal",
     ) -> None:
+        self.name = name
         self._job = job
         self._warm_up = warm_up
         self._cpu_priority = cpu_priority
@@ -132,11 +137,11 @@ class WorkerPool:
         except TimeoutError:
             self._replace(worker, reason="time limit")
             raise JobTimeoutError(
-                f"the dry run took longer than {self.timeout_s:g} s and was stopped"
+                f"the {self.name} job took longer than {self.timeout_s:g} s and was stopped"
             ) from None
         except (EOFError, OSError) as exc:
             self._replace(worker, reason=f"crashed: {exc!r}")
-            raise WorkerCrashedError("the dry-run worker died while running the job") from exc
+            raise WorkerCrashedError(f"the {self.name} worker died while running the job") from exc
         except BaseException:
             # Cancelled while the job runs: its answer would reach the next
             # caller, so the worker cannot go back to the idle queue.
@@ -153,7 +158,8 @@ class WorkerPool:
             pass
         if self._waiting >= self.queue_limit:
             raise PoolBusyError(
-                f"all {self.size} dry-run workers are busy and {self._waiting} requests are queued"
+                f"all {self.size} {self.name} workers are busy and {self._waiting} requests "
+                "are queued"
             )
         self._waiting += 1
         try:
@@ -162,7 +168,7 @@ class WorkerPool:
             return await asyncio.wait_for(self._idle.get(), self.timeout_s)
         except TimeoutError:
             raise PoolBusyError(
-                f"no dry-run worker became free within {self.timeout_s:g} s"
+                f"no {self.name} worker became free within {self.timeout_s:g} s"
             ) from None
         finally:
             self._waiting -= 1
@@ -189,7 +195,7 @@ class WorkerPool:
 
     def _replace(self, worker: _Worker, *, reason: str) -> None:
         """Kill `worker` and start a fresh one in the background."""
-        log.warning("replacing dry-run worker pid %s: %s", worker.process.pid, reason)
+        log.warning("replacing %s worker pid %s: %s", self.name, worker.process.pid, reason)
         self._workers.discard(worker)
         self._in_background(asyncio.to_thread(worker.kill))
         if not self._closed:
@@ -204,7 +210,7 @@ class WorkerPool:
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._background.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            log.error("dry-run pool background task failed", exc_info=task.exception())
+            log.error("%s pool background task failed", self.name, exc_info=task.exception())
 
     async def _add_worker_until_started(self) -> None:
         """`_add_worker`, retried with backoff (1 s doubling to 30 s) until the pool closes.
@@ -223,8 +229,9 @@ class WorkerPool:
                 error = f"{type(exc).__name__}: {exc}"
                 if error != self.last_start_error:
                     log.error(
-                        "dry-run worker failed to start: %s; retrying with backoff "
+                        "%s worker failed to start: %s; retrying with backoff "
                         "(1 s doubling to 30 s), /readyz answers 503 meanwhile",
+                        self.name,
                         error,
                         exc_info=not isinstance(exc, WorkerStartError),
                     )
@@ -241,7 +248,7 @@ class WorkerPool:
         process = self._context.Process(
             target=_serve,
             args=(child_conn, self._job, self._warm_up, self._cpu_priority),
-            name="ckpt-dry-run",
+            name=f"ckpt-{self.name}",
             daemon=True,
         )
         worker = _Worker(process, parent_conn)
@@ -256,12 +263,12 @@ class WorkerPool:
             except EOFError:
                 process.join(timeout=5)
                 raise WorkerStartError(
-                    f"the dry-run worker exited before it was ready (exit code "
+                    f"the {self.name} worker exited before it was ready (exit code "
                     f"{process.exitcode}); {MAIN_GUARD_HINT}"
                 ) from None
             except TimeoutError:
                 raise WorkerStartError(
-                    f"the dry-run worker was not ready within {WARM_UP_TIMEOUT_S:g} s"
+                    f"the {self.name} worker was not ready within {WARM_UP_TIMEOUT_S:g} s"
                 ) from None
         except BaseException:
             worker.abandon()
@@ -271,9 +278,9 @@ class WorkerPool:
         if status != "ready" or self._closed:
             worker.kill()
             if status != "ready":
-                raise WorkerStartError(f"the dry-run worker failed to warm up: {status}")
+                raise WorkerStartError(f"the {self.name} worker failed to warm up: {status}")
             return
-        log.info("dry-run worker pid %s ready", process.pid)
+        log.info("%s worker pid %s ready", self.name, process.pid)
         self._workers.add(worker)
         self._idle.put_nowait(worker)
 

@@ -102,9 +102,10 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         413: "The body is larger than the limit.",
         415: "The body is not application/json.",
         422: "A value is invalid; `field` names it.",
-        429: "Every dry-run worker is busy and the queue is full; see Retry-After.",
+        429: "Every worker of the pool behind this operation (dry runs; estimates with a "
+        "model) is busy and its queue is full; see Retry-After.",
         501: "The request needs a feature this build does not have.",
-        503: "The dry-run worker died; it is being replaced.",
-        504: "The dry run hit its time limit.",
+        503: "The worker running the job died; it is being replaced: retry.",
+        504: "The job (a dry run, an estimate) hit its time limit.",
     }
     return {s: {"model": ErrorResponse, "description": descriptions[s]} for s in statuses}

@@ -106,6 +106,20 @@ class Settings(BaseSettings):
     dry_run_cache_size: int = Field(
         256, ge=0, description="Dry-run reports kept in the LRU cache (0: no cache)."
     )
+    # Estimates with a model replay a training step (tens of ms to a second of CPU):
+    # in worker processes, so that the server's event loop keeps answering.
+    estimate_workers: int = Field(
+        1, ge=1, le=64, description="Worker processes that compute estimates with a model."
+    )
+    estimate_queue: int = Field(
+        64, ge=0, description="Estimates that may wait for a free worker (429 beyond)."
+    )
+    estimate_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        description="Time limit of one estimate, and of its wait for a worker (504 / 429).",
+    )
     config_limits: ConfigLimits = Field(
         default_factory=ConfigLimits,
         description="Config bounds checked before anything is built "

@@ -11,16 +11,14 @@ import gc
 import json
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
 from unittest import mock
 
 import pytest
 from fastapi.testclient import TestClient
 
 import ckpt_core
-from service import plans
+from service import plans, worker
 from service.metrics import Metrics
-from service.plans import Planner
 from service.pool import CpuPriority, WorkerPool
 from tests.conftest import TINY_CONFIG, metric, service_client
 
@@ -76,85 +74,106 @@ MODEL_BODY: dict[str, object] = {
 }
 
 
-@contextmanager
-def _counting_plan_for() -> Iterator[mock.MagicMock]:
-    with mock.patch.object(Planner, "plan_for", autospec=True, side_effect=Planner.plan_for) as f:
-        yield f
+def _estimates_run(api: TestClient) -> float:
+    """Estimates the pool has run to completion (cache hits never reach it)."""
+    return metric(api, "ckpt_estimate_duration_seconds_count", outcome="ok")
 
 
 def test_model_answers_are_kept_by_canonical_body(api: TestClient) -> None:
     reordered = dict(reversed(list(MODEL_BODY.items())))
     longer = {**MODEL_BODY, "workload": {"seq_len": 2048, "micro_batch_size": 1}}
-    with _counting_plan_for() as plan_for:
-        first = api.post("/resolve", json=MODEL_BODY)
-        again = api.post("/resolve", json=reordered)
-        other = api.post("/resolve", json=longer)
+    before = _estimates_run(api)
+    first = api.post("/resolve", json=MODEL_BODY)
+    again = api.post("/resolve", json=reordered)
+    other = api.post("/resolve", json=longer)
     assert first.status_code == again.status_code == other.status_code == 200
     assert first.content == again.content
     assert first.json()["estimate"]["assumptions"]["workload"]["seq_len"] == 1024
     assert other.json()["estimate"]["assumptions"]["workload"]["seq_len"] == 2048
-    assert plan_for.call_count == 2  # the reordered body was a hit
+    assert _estimates_run(api) == before + 2  # the reordered body was a hit
 
 
 def test_large_model_bodies_are_answered_but_not_kept(api: TestClient) -> None:
     config = {**TINY_CONFIG, "_name_or_path": "x" * plans.MAX_MODEL_KEY_CHARS}
     body = {"tier": "full", "model": {"config": config}, "workload": {"seq_len": 64}}
-    with _counting_plan_for() as plan_for:
-        answers = [api.post("/resolve", json=body) for _ in range(2)]
+    before = _estimates_run(api)
+    answers = [api.post("/resolve", json=body) for _ in range(2)]
     assert [a.status_code for a in answers] == [200, 200], answers[0].text
-    assert plan_for.call_count == 2
+    assert _estimates_run(api) == before + 2
+
+
+def test_model_answers_are_the_libraries_answers(api: TestClient) -> None:
+    model = {"config": {**TINY_CONFIG, "num_hidden_layers": 5}}
+    for seq_len in (96, 160):
+        workload = {"seq_len": seq_len}
+        body = {"tier": "auto", "gpu": "A100-80GB", "model": model, "workload": workload}
+        answer = api.post("/resolve", json=body)
+        assert answer.status_code == 200, answer.text
+        fresh = ckpt_core.make_plan("auto", gpu="A100-80GB", model=model, workload=workload)
+        assert answer.json() == json.loads(json.dumps(fresh.to_dict()))
 
 
 @pytest.fixture
-def fresh_model_configs(api: TestClient) -> None:
-    """An empty validated-model cache: other tests' models do not count."""
-    planner: Planner = api.app_state["service"].planner
-    planner.model_configs.clear()
-    planner.model_answers.clear()
+def counted_validation() -> Iterator[mock.MagicMock]:
+    """`load_model_config` as the estimate job calls it, counted, on an empty model cache."""
+    worker._models.clear()
+    with mock.patch.object(worker, "load_model_config", wraps=worker.load_model_config) as load:
+        yield load
+    worker._models.clear()
+
+
+def _plan_job(model: dict[str, object], **workload: object) -> dict[str, object]:
+    request = {
+        "tier": "auto",
+        "gpu_memory_gb": None,
+        "gpu": "A100-80GB",
+        "transformers_version": None,
+        "workload": dict(workload),
+        "model": model,
+        "limits": ckpt_core.ConfigLimits(),
+    }
+    return worker.plan_job(request)
 
 
 def test_a_model_asked_again_with_new_workloads_is_validated_once(
-    api: TestClient, fresh_model_configs: None
+    counted_validation: mock.MagicMock,
 ) -> None:
     model = {"config": {**TINY_CONFIG, "num_hidden_layers": 5}}
-    bodies = [
-        {"tier": "auto", "gpu": "A100-80GB", "model": model, "workload": {"seq_len": n}}
-        for n in (96, 160, 224)
-    ]
-    with mock.patch.object(plans, "load_model_config", wraps=plans.load_model_config) as load:
-        answers = [api.post("/resolve", json=body) for body in bodies]
-    assert [a.status_code for a in answers] == [200, 200, 200], answers[0].text
-    assert load.call_count == 1
-    # The same answers as a plan computed from scratch.
-    for body, answer in zip(bodies, answers, strict=True):
+    answers = [_plan_job(model, seq_len=n) for n in (96, 160, 224)]
+    assert counted_validation.call_count == 1
+    for seq_len, answer in zip((96, 160, 224), answers, strict=True):
         fresh = ckpt_core.make_plan(
-            "auto", gpu="A100-80GB", model=model, workload=body["workload"]
-        ).to_dict()
-        assert answer.json() == json.loads(json.dumps(fresh))
+            "auto", gpu="A100-80GB", model=model, workload={"seq_len": seq_len}
+        )
+        assert answer == {"result": fresh.to_dict()}
 
 
 def test_a_preset_and_its_inline_config_keep_their_own_validated_model(
-    api: TestClient, fresh_model_configs: None
+    counted_validation: mock.MagicMock,
 ) -> None:
     preset = {"preset": "llama-3.2-1b"}
     inline = {"config": ckpt_core.load_preset("llama-3.2-1b")}
-    body = {"tier": "auto", "gpu": "A100-80GB", "workload": {"seq_len": 64}}
-    with mock.patch.object(plans, "load_model_config", wraps=plans.load_model_config) as load:
-        api.post("/resolve", json={**body, "model": preset})
-        api.post("/resolve", json={**body, "model": inline})
-    assert load.call_count == 2
-    assert [c.args[0] for c in load.call_args_list] == [preset, inline]
+    for model in (preset, inline):
+        assert "result" in _plan_job(model, seq_len=64)
+    assert [c.args[0] for c in counted_validation.call_args_list] == [preset, inline]
 
 
-def test_an_invalid_model_is_never_kept(api: TestClient, fresh_model_configs: None) -> None:
+def test_an_invalid_model_is_never_kept(counted_validation: mock.MagicMock) -> None:
     model = {"config": {**TINY_CONFIG, "hidden_size": 33}}  # heads do not divide it
-    with mock.patch.object(plans, "load_model_config", wraps=plans.load_model_config) as load:
-        for seq_len in (64, 128):
-            body = {"tier": "full", "model": model, "workload": {"seq_len": seq_len}}
-            response = api.post("/resolve", json=body)
-            assert response.status_code == 422, response.text
-            assert response.json()["field"] == "model.config"
-    assert load.call_count == 2
+    for seq_len in (64, 128):
+        answer = _plan_job(model, seq_len=seq_len)
+        assert isinstance(answer["error"], ckpt_core.CkptError)
+        assert answer["error"].field == "model.config"
+    assert counted_validation.call_count == 2
+
+
+def test_an_invalid_model_is_a_422_from_the_estimate_pool(api: TestClient) -> None:
+    model = {"config": {**TINY_CONFIG, "hidden_size": 33}}
+    response = api.post(
+        "/resolve", json={"tier": "full", "model": model, "workload": {"seq_len": 64}}
+    )
+    assert response.status_code == 422, response.text
+    assert response.json()["field"] == "model.config"
 
 
 def test_describe_answers_json_and_text_from_one_plan(api: TestClient) -> None:
@@ -218,6 +237,7 @@ def test_pool_workers_run_at_the_given_cpu_priority() -> None:
     async def priority_of_workers() -> list[tuple[int, int]]:
         pools = [
             WorkerPool(
+                name="priority-test",
                 job=_own_priority,
                 warm_up=_no_warm_up,
                 size=1,

@@ -19,12 +19,12 @@ async def healthz() -> JSONResponse:
 
 @router.get("/readyz")
 async def readyz(state: State) -> JSONResponse:
-    """200 once warm-up is done (torch and transformers imported, a tiny dry run run)."""
-    runner = state.dry_runner
-    if not runner.ready:
-        why = runner.pool.last_start_error
-        detail = f"dry-run workers failing to start: {why}" if why else "warming up"
-        return error_response(503, "not_ready", detail)
+    """200 once both worker pools are warm (a tiny estimate and a tiny dry run ran)."""
+    for pool in (state.planner.jobs.pool, state.dry_runner.pool):
+        if not pool.ready:
+            why = pool.last_start_error
+            detail = f"{pool.name} workers failing to start: {why}" if why else "warming up"
+            return error_response(503, "not_ready", detail)
     return JSONResponse({"status": "ready"})
 
 

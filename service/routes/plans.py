@@ -31,7 +31,7 @@ JSON: Final = "application/json"
 @router.post(
     "/resolve",
     response_model=PlanResponse,
-    responses=error_responses(400, 413, 415, 422),
+    responses=error_responses(400, 413, 415, 422, 429, 503, 504),
     summary="Resolve a tier into TrainingArguments kwargs and worker hooks",
 )
 async def resolve(body: ResolveRequest, state: State) -> Any:
