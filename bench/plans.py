@@ -20,8 +20,10 @@ headroom) / (1 + band)``, the budget with the estimate's error band to spare.
 Prints per preset and overall: cells with a feasible plan, the compute saved
 by auto against tier-only (``1 - auto / tier-only`` of the step's FLOPs),
 auto's largest gap to the optimum, and the time of ``make_plan("auto", ...)``
-with a model (per cell the best of ``--repeat`` calls, so that other load on
-the machine disturbs it least).
+with a model: the first call for the cell's model and workload with the
+allocator replay's cache emptied (cold: what a new request costs), and the
+best of ``--repeat`` further calls (warm: the replays cached, the search and
+the rest), the least disturbed by other load on the machine.
 Cells whose sequence exceeds a model's learned positions are skipped.
 """
 
@@ -51,7 +53,8 @@ class Cell:
     auto_name: str = ""
     optimum: float | None = None
     plans: int = 0
-    make_plan_ms: float = 0.0
+    cold_ms: float = 0.0
+    make_plan_ms: float = 0.0  # warm
 
     @property
     def saved(self) -> float | None:
@@ -92,6 +95,7 @@ def _cell(preset: str, gib: float, seq: int, method: str, repeat: int) -> Cell |
     from ckpt_core._errors import InvalidWorkloadError
     from ckpt_core._memory.advise import model_facts, parse_workload, prepare
     from ckpt_core._memory.search import cheapest_fit, tier_candidates
+    from ckpt_core._memory.step_trace import simulate
     from ckpt_core._memory.verdict import TIGHT_BANDS
 
     workload = {"seq_len": seq, "method": method}
@@ -99,10 +103,15 @@ def _cell(preset: str, gib: float, seq: int, method: str, repeat: int) -> Cell |
         run = prepare(model_facts({"preset": preset}), parse_workload(workload))
     except InvalidWorkloadError:
         return None  # beyond the model's learned positions
+    model = {"preset": preset}
+    simulate.cache_clear()
+    started = time.perf_counter()
+    make_plan("auto", gib, model=model, workload=workload)
+    cold_ms = (time.perf_counter() - started) * 1000
     arch, step, static = run.facts.arch, run.step, run.peak
     usable = gib * (1 << 30) * (1 - run.workload.headroom)
     budget = int(usable / (1 + TIGHT_BANDS[step.attention]))
-    cell = Cell(preset, gib, seq, method)
+    cell = Cell(preset, gib, seq, method, cold_ms=cold_ms)
     tiers = tier_candidates(arch, step, static)
     fitting = [tiers[t] for t in ORDER if tiers[t].memory.peak_bytes <= budget]
     cell.tier_only = fitting[0].ratio if fitting else None
@@ -110,7 +119,7 @@ def _cell(preset: str, gib: float, seq: int, method: str, repeat: int) -> Cell |
     if best is not None:
         cell.auto, cell.auto_name = best.ratio, best.tier or "blocks"
     cell.optimum, cell.plans = _exhaustive(arch, step, static, budget)
-    model, times = {"preset": preset}, []
+    times = []
     for _ in range(repeat):
         started = time.perf_counter()
         make_plan("auto", gib, model=model, workload=workload)
@@ -162,16 +171,17 @@ def _cell_line(cell: Cell) -> str:
     return (
         f"{cell.preset:18} {cell.gib:5.0f} {cell.seq:6d} {cell.method:6} "
         f"{fmt(cell.tier_only)} {fmt(cell.auto)} {cell.auto_name:9} {fmt(cell.optimum)} "
-        f"{saved:>8} {gap:>7} {cell.make_plan_ms:6.2f} ms"
+        f"{saved:>8} {gap:>7} {cell.cold_ms:8.1f} / {cell.make_plan_ms:6.2f} ms"
     )
 
 
 def _summary(presets: tuple[str, ...], cells: list[Cell]) -> None:
     print(
         "\n| preset | cells | feasible | auto = block-level | mean saved | largest saved "
-        "| worst gap to optimum | make_plan ms (mean / max) |"
+        "| worst gap to optimum | make_plan cold ms (mean / max) "
+        "| make_plan warm ms (mean / max) |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for preset in (*presets, "all"):
         group = [c for c in cells if preset in ("all", c.preset)]
         if group:
@@ -180,15 +190,19 @@ def _summary(presets: tuple[str, ...], cells: list[Cell]) -> None:
     missed = [c for c in cells if (c.auto is None) != (c.optimum is None)]
     print(f"\ncells where only a block-level plan fits: {len(infeasible_tiers)}")
     print(f"cells where auto and the optimum disagree on feasibility: {len(missed)}")
-    fits = [c.make_plan_ms for c in cells if c.auto is not None]
-    none = [c.make_plan_ms for c in cells if c.auto is None]
-    for label, times in (("a plan fits", fits), ("nothing fits (alternatives searched)", none)):
-        if times:
-            print(
-                f"make_plan with a model, {label}: mean {statistics.fmean(times):.2f} ms, "
-                f"median {statistics.median(times):.2f} ms, max {max(times):.2f} ms "
-                f"({len(times)} cells)"
-            )
+    for warmth in ("cold", "warm"):
+        for label, fitting in (("a plan fits", True), ("nothing fits", False)):
+            times = [
+                c.cold_ms if warmth == "cold" else c.make_plan_ms
+                for c in cells
+                if (c.auto is not None) == fitting
+            ]
+            if times:
+                print(
+                    f"make_plan with a model, {warmth}, {label}: mean "
+                    f"{statistics.fmean(times):.2f} ms, median {statistics.median(times):.2f} ms, "
+                    f"max {max(times):.2f} ms ({len(times)} cells)"
+                )
     worst = max((c for c in cells if c.gap is not None), key=lambda c: c.gap, default=None)
     if worst is not None:
         print(f"worst gap: {_cell_line(worst)}")
@@ -202,13 +216,15 @@ def _row(name: str, group: list[Cell]) -> str:
     saved = [c.saved for c in group if c.saved is not None]
     gaps = [c.gap for c in group if c.gap is not None]
     blocks = sum(c.auto_name == "blocks" for c in group)
+    cold = [c.cold_ms for c in group]
     times = [c.make_plan_ms for c in group]
     mean_saved = f"{statistics.fmean(saved):.2%}" if saved else "-"
     max_saved = f"{max(saved):.2%}" if saved else "-"
     gap = f"{max(gaps):.3%}" if gaps else "-"
     return (
         f"| {name} | {len(group)} | {len(feasible)} | {blocks} | {mean_saved} | {max_saved} "
-        f"| {gap} | {statistics.fmean(times):.2f} / {max(times):.2f} |"
+        f"| {gap} | {statistics.fmean(cold):.1f} / {max(cold):.1f} "
+        f"| {statistics.fmean(times):.2f} / {max(times):.2f} |"
     )
 
 

@@ -162,7 +162,13 @@ def _start_listener(handler: ContextQueueHandler) -> None:
 
 
 def configure_logging(level: str) -> None:
-    """Send the ``service`` loggers to stderr as JSON through the queue (idempotent)."""
+    """Send the ``service`` loggers to stderr as JSON through the queue (idempotent).
+
+    Log records of this process skip the thread and process names (the logging
+    HOWTO's "Optimization"): no line carries them, and looking them up was a
+    fifth of building each access record.
+    """
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     logger = logging.getLogger(SERVICE_LOGGER)
     logger.setLevel(level.upper())
     logger.propagate = False

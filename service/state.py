@@ -1,11 +1,11 @@
-"""The service-wide state: built in the lifespan, reached through dependencies."""
+"""The service-wide state: built in the lifespan, reached through the request's lifespan state."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, TypedDict
+from typing import TypedDict
 
-from fastapi import Depends, Request
+from fastapi import Request
 
 from service.dry_runs import DryRunner
 from service.metrics import Metrics
@@ -29,10 +29,11 @@ class LifespanState(TypedDict):
     service: ServiceState
 
 
-async def service_state(request: Request) -> ServiceState:
-    """The app's `ServiceState` (async: FastAPI runs a plain `def` dependency in a thread)."""
+def service_state(request: Request) -> ServiceState:
+    """The app's `ServiceState`, from the lifespan state Starlette copies into every request.
+
+    A plain call, not a FastAPI dependency: resolving a sub-dependency cost about
+    70,000 instructions a request (callgrind), 15% of a whole bare FastAPI POST.
+    """
     state: ServiceState = request.state.service
     return state
-
-
-State = Annotated[ServiceState, Depends(service_state)]

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 
 from service.jsonbody import StrictJSONRoute
 from service.responses import DryRunResponse, error_responses
 from service.schemas import DryRunRequest
-from service.state import State
+from service.state import service_state
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["dry runs"])
 
@@ -26,7 +26,7 @@ _STRING = {"type": "string"}
     },
     summary="Build a model on the meta device and report what the tier checkpoints",
 )
-async def dry_run(body: DryRunRequest, response: Response, state: State) -> Any:
-    report, cached = await state.dry_runner.run(body.as_kwargs())
+async def dry_run(body: DryRunRequest, request: Request, response: Response) -> Any:
+    report, cached = await service_state(request).dry_runner.run(body.as_kwargs())
     response.headers[CACHE_HEADER] = "hit" if cached else "miss"
     return report

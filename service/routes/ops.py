@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from service.errors import error_response
-from service.state import State
+from service.state import service_state
 
 router = APIRouter(include_in_schema=False)
 
@@ -18,8 +18,9 @@ async def healthz() -> JSONResponse:
 
 
 @router.get("/readyz")
-async def readyz(state: State) -> JSONResponse:
+async def readyz(request: Request) -> JSONResponse:
     """200 once both worker pools are warm (a tiny estimate and a tiny dry run ran)."""
+    state = service_state(request)
     for pool in (state.planner.jobs.pool, state.dry_runner.pool):
         if not pool.ready:
             why = pool.last_start_error
@@ -29,7 +30,7 @@ async def readyz(state: State) -> JSONResponse:
 
 
 @router.get("/metrics")
-async def metrics(state: State) -> Response:
+async def metrics(request: Request) -> Response:
     """Prometheus exposition text (every request answered before this one counted)."""
-    body, content_type = state.metrics.render()
+    body, content_type = service_state(request).metrics.render()
     return Response(body, media_type=content_type)

@@ -21,7 +21,7 @@ from service.jsonbody import StrictJSONRoute
 from service.negotiation import prefers_text
 from service.responses import DescribeResponse, PlanResponse, error_responses
 from service.schemas import ResolveRequest, refuse_gpu
-from service.state import State
+from service.state import service_state
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["plans"])
 
@@ -34,8 +34,9 @@ JSON: Final = "application/json"
     responses=error_responses(400, 413, 415, 422, 429, 503, 504),
     summary="Resolve a tier into TrainingArguments kwargs and worker hooks",
 )
-async def resolve(body: ResolveRequest, state: State) -> Any:
-    return Response(await state.planner.resolve(body), media_type=JSON)
+async def resolve(body: ResolveRequest, request: Request) -> Any:
+    planner = service_state(request).planner
+    return Response(await planner.resolve(body), media_type=JSON)
 
 
 @router.get(
@@ -52,7 +53,6 @@ async def resolve(body: ResolveRequest, state: State) -> Any:
 )
 async def describe(
     request: Request,
-    state: State,
     tier: Annotated[
         str | None,
         BeforeValidator(
@@ -83,7 +83,7 @@ async def describe(
         Query(description="A GPU name. " + CHOICE_RULE, examples=["H100-80GB"]),
     ] = None,
 ) -> Any:
-    answer, text = state.planner.describe(tier, gpu_memory_gb, gpu)
+    answer, text = service_state(request).planner.describe(tier, gpu_memory_gb, gpu)
     accept = request.headers.get("accept")
     if accept and prefers_text(accept):
         return PlainTextResponse(text)
