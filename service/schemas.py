@@ -239,7 +239,7 @@ class MeasureSpec(_Request):
 
 
 class WorkloadSpec(MeasureSpec):
-    """The training step (DESIGN section 5); every field but seq_len has a default."""
+    """The training step (docs/design.md §5); every field but seq_len has a default."""
 
     model_config = ConfigDict(json_schema_extra={"allOf": [_PRECISION, _SHARDING_RULES]})
 
