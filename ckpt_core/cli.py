@@ -208,7 +208,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_UNAVAILABLE
     except ServiceUnavailableError as exc:  # --no-fallback and the service did not answer
         return _fail(EXIT_UNAVAILABLE, exc)
-    except ModuleNotFoundError as exc:  # dry-run without torch, --service without httpx
+    except ImportError as exc:  # dry-run without torch, --service without httpx, a model
+        # without torch under transformers: a library this command needs is missing
         return _fail(EXIT_UNAVAILABLE, f"{exc}: `ckpt {args.command}` needs it installed")
     except NotImplementedError as exc:  # a dry-run measurement this build cannot do
         return _fail(EXIT_UNAVAILABLE, exc)
@@ -226,7 +227,7 @@ def _in_flags(exc: CkptError) -> str:
     if head == "model":
         return f"--model: {message}"  # a config key, named as the config names it
     own = leaf.partition(".")[0] if head in ("workload", "measure") else head
-    if exc.field and exc.field != own:
+    if exc.field and own and exc.field != own:  # the whole workload has no flag of its own
         message = message.replace(exc.field, own)
     # The error's own field, and any other API name a message mentions in passing.
     # Names with an underscore are field names wherever they appear; plain words

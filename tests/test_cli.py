@@ -308,3 +308,27 @@ def test_resolve_imports_neither_torch_nor_httpx() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, env=ENV, check=True
     )
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_missing_library_is_one_line_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """transformers without torch raises ImportError (not ModuleNotFoundError) for a model."""
+    from ckpt_core import cli
+
+    def needs_torch(*args: object, **kwargs: object) -> None:
+        raise ImportError("AutoConfig requires the PyTorch library but it was not found")
+
+    monkeypatch.setattr(cli, "local_plan", needs_torch)
+    status = cli.main(
+        ["resolve", "--tier", "auto", "--gpu", "A100-80GB", "--model", "gpt2", "--seq-len", "512"]
+    )
+    stderr = capsys.readouterr().err
+    assert status == cli.EXIT_UNAVAILABLE
+    assert stderr.count("\n") == 1 and "Traceback" not in stderr
+    assert "PyTorch" in stderr and "`ckpt resolve` needs it installed" in stderr
+
+
+def test_a_model_without_a_sequence_length_names_the_flag() -> None:
+    result = ckpt("resolve", "--tier", "auto", "--gpu", "A100-80GB", "--model", "gpt2")
+    assert_bad_input(result, "a workload with at least --seq-len is required with a model")
