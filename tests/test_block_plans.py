@@ -257,3 +257,25 @@ def test_full_has_the_lowest_peak_of_any_assignment(preset: str, method: str) ->
                 )
             )
             assert evaluate(arch, step, peak, counts).memory.peak_bytes >= lowest, (seq, choice)
+
+
+@pytest.mark.parametrize(
+    ("preset", "workload"),
+    [
+        ("llama-3.2-1b", {"seq_len": 4096, "method": "lora"}),
+        ("gemma-2-9b", {"seq_len": 2048, "method": "qlora", "attention": "eager"}),
+        ("qwen3-30b-a3b", {"seq_len": 1024, "method": "lora"}),
+    ],
+)
+def test_a_tier_given_as_counts_has_the_tiers_peak(preset: str, workload: dict[str, Any]) -> None:
+    """One assignment, one peak: the walk or the exhaustive search reaching a tier's counts
+    (in any order) gets the tier's replayed peak, not the block-level estimate of it."""
+    from ckpt_core._memory.activations import mode_counts
+
+    run = prepare(model_facts({"preset": preset}), parse_workload(workload))
+    arch, step = run.facts.arch, run.step
+    for tier in ("off", "selective", "medium", "full"):
+        counts = tuple(reversed(mode_counts(arch, tier)))
+        as_counts = run.peak.of(arch, step, counts)
+        assert as_counts == run.peak.of(arch, step, tier), tier
+        assert evaluate(arch, step, run.peak, counts).tier == tier

@@ -22,7 +22,7 @@ import functools
 from ckpt_core._memory.arch import Arch, BlockKind
 from ckpt_core._memory.families import family_of
 from ckpt_core._memory.ledger import BlockMode, Step
-from ckpt_core._planning.tiers import ConcreteTier
+from ckpt_core._planning.tiers import CONCRETE_TIERS, ConcreteTier
 
 # How many blocks of each (mode, kind) an assignment has; counts of 0 may be left out.
 ModeCounts = tuple[tuple[tuple[BlockMode, BlockKind], int], ...]
@@ -35,6 +35,32 @@ def mode_counts(arch: Arch, assignment: Assignment) -> ModeCounts:
     if isinstance(assignment, str):
         return _block_counts(arch, assignment)
     return assignment
+
+
+MODES: tuple[BlockMode, ...] = ("off", "selective", "full")
+
+
+def canonical(arch: Arch, counts: ModeCounts) -> ModeCounts:
+    """The same counts in one order, zeros dropped (equal assignments compare equal)."""
+    totals: dict[tuple[BlockMode, BlockKind], int] = {}
+    for key, n in counts:
+        totals[key] = totals.get(key, 0) + n
+    return tuple(
+        ((mode, kind), totals[(mode, kind)])
+        for kind, _ in block_kinds(arch)
+        for mode in MODES
+        if totals.get((mode, kind))
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def tier_named(arch: Arch, counts: ModeCounts) -> ConcreteTier | None:
+    """The tier whose assignment ``counts`` is (in any order), or None for a block-level plan."""
+    counts = canonical(arch, counts)
+    return next(
+        (tier for tier in CONCRETE_TIERS if canonical(arch, mode_counts(arch, tier)) == counts),
+        None,
+    )
 
 
 def activation_bytes(arch: Arch, step: Step, assignment: Assignment) -> int:

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Final
 
-from ckpt_core._memory.activations import Assignment, activation_bytes
+from ckpt_core._memory.activations import Assignment, activation_bytes, tier_named
 from ckpt_core._memory.allocator import ROUND_LARGE
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.context import DEFAULT_CONTEXT_BYTES
@@ -235,12 +235,14 @@ def tier_memory(
     if recipe.trace is None or not replay:
         reserved = -(-allocated // ROUND_LARGE) * ROUND_LARGE
     else:
-        tier = assignment if isinstance(assignment, str) else "full"
-        simulated, reserved = simulate(arch, tier, recipe.trace)
+        # A tier's assignment, however it is given, is replayed as the tier: one
+        # assignment, one peak (a walk that reaches every block full gets full's).
+        tier = assignment if isinstance(assignment, str) else tier_named(arch, assignment)
+        simulated, reserved = simulate(arch, tier or "full", recipe.trace)
         # The replay holds one whole replica: a GPU of a sharded group (its share, the
         # gathered units, the buckets) takes the closed-form peak, and the replay's
         # fragmentation on top.
-        exact = isinstance(assignment, str) and static.total == static.replica_total
+        exact = tier is not None and static.total == static.replica_total
         if exact and family_of(arch).replayed_exactly(arch):
             allocated = simulated
         reserved = allocated + reserved - simulated

@@ -20,14 +20,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ckpt_core._memory.activations import ModeCounts, block_bytes, block_kinds, mode_counts
+from ckpt_core._memory.activations import (
+    ModeCounts,
+    block_bytes,
+    block_kinds,
+    canonical,
+    mode_counts,
+    tier_named,
+)
 from ckpt_core._memory.arch import Arch, BlockKind
 from ckpt_core._memory.estimate import PeakModel, TierMemory
 from ckpt_core._memory.flops import kind_flops, recompute_ratio
 from ckpt_core._memory.ledger import BlockMode, Step
 from ckpt_core._planning.tiers import CONCRETE_TIERS, ConcreteTier
-
-MODES: tuple[BlockMode, ...] = ("off", "selective", "full")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,24 +53,11 @@ def granularity_of(candidate: Candidate) -> str:
     return candidate.tier or "blocks"
 
 
-def canonical(arch: Arch, counts: ModeCounts) -> ModeCounts:
-    """The same counts in one order, zeros dropped (equal assignments compare equal)."""
-    totals: dict[tuple[BlockMode, BlockKind], int] = {}
-    for key, n in counts:
-        totals[key] = totals.get(key, 0) + n
-    return tuple(
-        ((mode, kind), totals[(mode, kind)])
-        for kind, _ in block_kinds(arch)
-        for mode in MODES
-        if totals.get((mode, kind))
-    )
-
-
 def evaluate(arch: Arch, step: Step, peak: PeakModel, counts: ModeCounts) -> Candidate:
     """The peak and the recompute ratio of one assignment."""
     counts = canonical(arch, counts)
     memory = peak.of(arch, step, counts)
-    return Candidate(counts, memory, recompute_ratio(arch, step, counts), _tier_of(arch, counts))
+    return Candidate(counts, memory, recompute_ratio(arch, step, counts), tier_named(arch, counts))
 
 
 def tier_candidates(arch: Arch, step: Step, peak: PeakModel) -> dict[str, Candidate]:
@@ -117,12 +109,6 @@ def auto_pick(
         return clear, True
     least = min(tiers.values(), key=lambda c: (c.memory.peak_bytes, -c.ratio))
     return (least, False) if least.memory.peak_bytes <= budget else None
-
-
-def _tier_of(arch: Arch, counts: ModeCounts) -> ConcreteTier | None:
-    return next(
-        (t for t in CONCRETE_TIERS if canonical(arch, mode_counts(arch, t)) == counts), None
-    )
 
 
 def _walk(arch: Arch, step: Step, peak: PeakModel, budget: int) -> ModeCounts | None:
