@@ -78,6 +78,8 @@ def linear(sim: Sim, x: int, name: str, shape: tuple[int, int], recipe: TraceRec
         )
     if not (recipe.lora_rank and adapted(recipe, name)):
         return base
+    if recipe.quantized:
+        return _lora_4bit(sim, x, base, shape, recipe)
     # peft lora.Linear.forward: `x = self._cast_input_dtype(x, fp32)` lives until the
     # return; `result = result + lora_B(lora_A(dropout(x))) * scaling` frees lora_A's
     # output when lora_B returns, then the product, then the base result.
@@ -96,6 +98,33 @@ def linear(sim: Sim, x: int, name: str, shape: tuple[int, int], recipe: TraceRec
     if lora_in != x:
         sim.drop(lora_in)
     return out
+
+
+def _lora_4bit(sim: Sim, x: int, base: int, shape: tuple[int, int], recipe: TraceRecipe) -> int:
+    """PEFT's adapter on a bitsandbytes 4-bit linear (peft/tuners/lora/bnb.py Linear4bit.forward).
+
+    `result = result.clone()` copies the base output first; `output = lora_B(lora_A(x))
+    * scaling` (cast to the result's dtype) is a local that lives until the return.
+    """
+    fan_in, fan_out = shape
+    tokens, act, rank = recipe.batch * recipe.seq, recipe.act, recipe.lora_rank
+    result = sim.op([base], act * tokens * fan_out, alias=True)
+    sim.drop(base)
+    lora_in = sim.op([x], 4 * tokens * fan_in) if act != 4 else x
+    mid = sim.op([lora_in], 4 * tokens * rank, save=[lora_in], param_grad=4 * rank * fan_in)
+    up = sim.op([mid], 4 * tokens * fan_out, save=[mid], param_grad=4 * rank * fan_out)
+    sim.drop(mid)
+    scaled = sim.op([up], 4 * tokens * fan_out)
+    sim.drop(up)
+    output = sim.op([scaled], act * tokens * fan_out) if act != 4 else scaled
+    if output != scaled:
+        sim.drop(scaled)
+    total = sim.op([result, output], act * tokens * fan_out, alias=True)
+    sim.drop(result)
+    if lora_in != x:
+        sim.drop(lora_in)
+    sim.drop(output)
+    return total
 
 
 def norm(sim: Sim, x: int, rows: int, width: int, recipe: TraceRecipe) -> int:
