@@ -60,13 +60,13 @@ def linear(sim: Sim, x: int, name: str, shape: tuple[int, int], recipe: TraceRec
             temps=[compute * fan_in * fan_out],
             backward_temps=[compute * fan_in * fan_out],
         )
-        if cast != x:
-            sim.drop(cast)
         if act != compute:
             base = sim.op([out], act * tokens * fan_out)
             sim.drop(out)
         else:
             base = out
+        if cast != x:  # bnb Linear4bit.forward's `x = x.to(compute_dtype)` dies on return
+            sim.drop(cast)
     else:
         trained = recipe.weights * fan_in * fan_out if recipe.full else 0
         base = sim.op(
