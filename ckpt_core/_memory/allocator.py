@@ -60,8 +60,14 @@ class CachingAllocator:
 
     Blocks are ``(segment, offset)``; each segment keeps its blocks in address
     order as ``offset -> [size, free]``.  The free blocks of each pool are a
-    sorted list of ``(size, segment, offset)`` (best fit = the first at or
-    after the request's size).
+    sorted list of ``(size, -segment, offset)``: best fit is the first at or
+    after the request's size, and among blocks of one size the lowest address
+    (``BlockComparatorSize`` orders by size, then pointer), taking a later
+    segment to lie below the earlier ones.  That address order is the driver's,
+    not PyTorch's: it is the one under which replaying the real op sequence of
+    the shared T4 rows' steps (transformers + PEFT + autograd run on CPU with
+    faked kernels) reproduces their reserved peaks; ascending addresses miss
+    them by one score-sized segment.
     """
 
     __slots__ = (
@@ -87,9 +93,10 @@ class CachingAllocator:
         size = round_size(size)
         small = size <= SMALL_SIZE
         free = self._free[0 if small else 1]
-        index = bisect.bisect_left(free, (size, -1, -1))
+        index = bisect.bisect_left(free, (size, -len(self._segments), -1))
         if index < len(free):
-            block_size, segment, offset = free.pop(index)
+            block_size, below, offset = free.pop(index)
+            segment = -below
             self._segments[segment][offset][1] = 0
         else:
             block_size, segment, offset = segment_size(size), len(self._segments), 0
@@ -103,7 +110,7 @@ class CachingAllocator:
             self._segments[segment][offset][0] = size
             self._segments[segment][offset + size] = [rest, 1]
             bisect.insort(self._starts[segment], offset + size)
-            bisect.insort(free, (rest, segment, offset + size))
+            bisect.insort(free, (rest, -segment, offset + size))
         self.allocated += self._segments[segment][offset][0]
         self.peak_allocated = max(self.peak_allocated, self.allocated)
         return segment, offset
@@ -120,17 +127,17 @@ class CachingAllocator:
         if after in blocks and blocks[after][1]:  # merge the next block
             next_size = blocks.pop(after)[0]
             del starts[position + 1]
-            _remove(pool, (next_size, segment, after))
+            _remove(pool, (next_size, -segment, after))
             size += next_size
         if position > 0:
             before = starts[position - 1]
             if blocks[before][1]:  # merge into the previous block
-                _remove(pool, (blocks[before][0], segment, before))
+                _remove(pool, (blocks[before][0], -segment, before))
                 del blocks[offset]
                 del starts[position]
                 offset, size = before, blocks[before][0] + size
         blocks[offset] = [size, 1]
-        bisect.insort(pool, (size, segment, offset))
+        bisect.insort(pool, (size, -segment, offset))
 
 
 def _remove(pool: list[tuple[int, int, int]], item: tuple[int, int, int]) -> None:

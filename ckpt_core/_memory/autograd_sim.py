@@ -9,7 +9,10 @@ autograd's gradients have the input's dtype; ``alias`` ops pass the gradient
 through), then frees the incoming gradient and the op's saved tensors - the
 order of autograd's engine with ``retain_graph=False``.  Checkpointed regions
 record nothing in forward but their input; their backward first replays the
-region's forward with saving on (non-reentrant checkpoint's recompute).
+region's forward with saving on (non-reentrant checkpoint's recompute), which
+stops at the region's last saved tensor (``torch.utils.checkpoint``'s early
+stop): what the region's Python code still held then is freed, and the rest
+of the region only links the graph (no allocation).
 
 Pure Python; sizes in bytes.
 """
@@ -24,7 +27,7 @@ from ckpt_core._memory.allocator import CachingAllocator
 
 @dataclass(slots=True)
 class _Tensor:
-    handle: tuple[int, int]
+    handle: tuple[int, int] | None  # None: never allocated (after a recompute's early stop)
     refs: int
 
 
@@ -34,8 +37,10 @@ class _Op:
     outputs: tuple[int, ...]
     saved: tuple[int, ...]
     temporaries: tuple[int, ...]
+    scratch: tuple[int, ...]
     alias: bool
     param_grad: int
+    unpacked: bool  # saved through checkpoint's hooks: freed as the backward returns
 
 
 @dataclass(slots=True)
@@ -43,6 +48,7 @@ class _Checkpoint:
     region: Callable[[Sim, int], int]
     inputs: int
     output: int
+    packs: int  # tensors the region saves for backward (checkpoint's pack-hook calls)
 
 
 @dataclass(slots=True)
@@ -57,21 +63,34 @@ class Sim:
     accumulate: bool = False  # gradients allocated before the step and kept
     param_grads: list[int] = field(default_factory=list)  # gradient tensors of parameters
     _next: int = 0
+    _packs: int = 0  # pack events counted (forward) or left (recompute)
+    _recomputing: bool = False
+    _stopped: bool = False
+    _locals: set[int] = field(default_factory=set)  # the recompute's live tensors
+    _unwound: set[int] = field(default_factory=set)  # freed by the early stop
 
     # --- tensors ---
     def new(self, size: int, grad: bool = False) -> int:
         tid = self._next
         self._next += 1
-        self.tensors[tid] = _Tensor(self.allocator.malloc(size), 1)
+        handle = None if self._stopped else self.allocator.malloc(size)
+        self.tensors[tid] = _Tensor(handle, 1)
         self.info[tid] = (size, grad)
+        if self._recomputing:
+            self._locals.add(tid)
         return tid
 
     def drop(self, *tids: int) -> None:
         for tid in tids:
+            if tid in self._unwound:  # the early stop already let this name go
+                self._unwound.discard(tid)
+                continue
+            self._locals.discard(tid)
             tensor = self.tensors[tid]
             tensor.refs -= 1
             if tensor.refs == 0:
-                self.allocator.free(tensor.handle)
+                if tensor.handle is not None:
+                    self.allocator.free(tensor.handle)
                 del self.tensors[tid]
 
     def size(self, tid: int) -> int:
@@ -88,33 +107,75 @@ class Sim:
         *,
         save: Sequence[int] = (),
         save_out: bool = False,
+        saves_other: bool = False,
         temps: Sequence[int] = (),
         backward_temps: Sequence[int] = (),
+        backward_scratch: Sequence[int] = (),
         alias: bool = False,
         param_grad: int = 0,
     ) -> int:
-        """Run an op: ``temps`` live during it; returns its output (``out`` bytes)."""
+        """Run an op: ``temps`` live during it; returns its output (``out`` bytes).
+
+        ``saves_other``: it also saves a tensor the replay does not track (a
+        weight, RoPE's cos / sin).  Inputs are saved before the output is
+        allocated (the generated autograd code), the output after.  Its
+        backward holds ``backward_temps`` from before its input gradients are
+        allocated and ``backward_scratch`` from after them (a structured
+        kernel's output is allocated before its implementation's temporaries).
+        """
         grad = param_grad > 0 or any(self.info[t][1] for t in inputs)
+        recording = self.saving and grad
+        if recording:
+            for tid in save:
+                self.tensors[tid].refs += 1
+        if grad and (save or saves_other):
+            self._pack()
         held = [self.new(size) for size in temps]
         result = self.new(out, grad)
         self.drop(*held)
-        if self.saving and grad:
+        if recording:
             saved = (*save, result) if save_out else tuple(save)
-            for tid in saved:
-                self.tensors[tid].refs += 1
+            if save_out:
+                self.tensors[result].refs += 1
             self.graph.append(
-                _Op(tuple(inputs), (result,), saved, tuple(backward_temps), alias, param_grad)
+                _Op(
+                    tuple(inputs),
+                    (result,),
+                    saved,
+                    tuple(backward_temps),
+                    tuple(backward_scratch),
+                    alias,
+                    param_grad,
+                    self._recomputing,
+                )
             )
+        if grad and save_out:
+            self._pack()
         return result
+
+    def _pack(self) -> None:
+        """A pack event; in a recompute, the last one stops it (checkpoint's early stop)."""
+        if not self._recomputing:
+            self._packs += 1
+            return
+        self._packs -= 1
+        if self._packs == 0 and not self._stopped:
+            # _StopRecomputationError unwinds the region: its Python names let go.
+            self._stopped = True
+            for tid in sorted(self._locals, reverse=True):  # innermost frame first
+                self.drop(tid)
+                self._unwound.add(tid)
 
     def checkpoint(self, region: Callable[[Sim, int], int], x: int) -> int:
         """Run ``region`` on ``x`` without saving; keep ``x`` for the recompute."""
         saving, self.saving = self.saving, False
+        packs, self._packs = self._packs, 0
         out = region(self, x)
         self.saving = saving
         self.requires_grad(out)
         self.tensors[x].refs += 1
-        self.graph.append(_Checkpoint(region, x, out))
+        self.graph.append(_Checkpoint(region, x, out, self._packs))
+        self._packs = packs
         return out
 
     # --- backward ---
@@ -138,7 +199,9 @@ class Sim:
             held = [self.new(size) for size in node.temporaries]
             if node.param_grad and not self.accumulate:
                 self.param_grads.append(self.new(node.param_grad))
-            for tid in node.inputs:
+            # The generated backward functions compute the last input's gradient first
+            # (BmmBackward0: mat2 before self; MulBackward0: other before self).
+            for tid in reversed(node.inputs):
                 size, grad = self.info[tid]
                 if not grad:
                     continue
@@ -151,14 +214,26 @@ class Sim:
                     self.drop(fresh)
                 else:
                     grads[tid] = fresh
-            self.drop(*held, *incoming)
+            self.drop(*[self.new(size) for size in node.scratch])
+            self.drop(*held)
+            if node.unpacked:
+                # checkpoint's unpack hook hands the recomputed tensor over and forgets it:
+                # it dies with the backward function's locals, before the engine frees the
+                # incoming gradient (torch/autograd/engine.cpp call_function).
+                self.drop(*node.saved, *incoming)
+                return
+            self.drop(*incoming)
         self.drop(*node.saved)
 
     def _recompute(self, node: _Checkpoint, grads: dict[int, int]) -> None:
         outer = self.graph
         self.graph = []
         self.requires_grad(node.inputs)
+        self._recomputing, self._stopped, self._packs = True, False, node.packs
         out = node.region(self, node.inputs)
+        self._recomputing = self._stopped = False
+        self._locals.clear()
+        self._unwound.clear()
         if node.output in grads:
             grads[out] = grads.pop(node.output)
         inner, self.graph = self.graph, outer

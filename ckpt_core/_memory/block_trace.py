@@ -1,0 +1,284 @@
+"""One decoder block's allocations, op by op, in the order the real code makes and frees them.
+
+The buffers and their lifetimes are those of transformers' Llama-style block
+(``LlamaDecoderLayer`` / ``LlamaAttention`` / ``eager_attention_forward`` /
+``LlamaMLP`` / ``LlamaRMSNorm``), PEFT's ``lora.Linear.forward`` and
+bitsandbytes' 4-bit linear: a tensor is freed where the last Python name or
+autograd node holding it lets go, which decides what the caching allocator
+can reuse.  Each "why" names the source it follows.  Used by
+`ckpt_core._memory.step_trace`; sizes in bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ckpt_core._memory.arch import Arch
+from ckpt_core._memory.autograd_sim import Sim
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRecipe:
+    """What the replay needs beyond the architecture (bytes per element unless said)."""
+
+    batch: int
+    seq: int
+    act: int  # activations (4 after kbit preparation)
+    compute: int  # the compute dtype (bitsandbytes' matmuls)
+    residual: int  # the residual stream between blocks
+    attention: str  # eager | fused | flash
+    weights: int  # bytes of a non-quantized parameter as loaded
+    kept: int  # bytes of a non-quantized parameter after preparation
+    quantized: bool
+    double_quant: bool
+    full: bool  # full fine-tune: every parameter trained
+    lora_rank: int
+    adapted: frozenset[str]
+    logits: int  # LM head output bytes, 0 when the output is dropped before backward
+    state_bytes: float  # optimizer state bytes (both states) per byte of trainable parameter
+    foreach_temp: bool  # torch AdamW's foreach temporary
+    accumulate: bool
+    eager_extra: bool = True  # CUDA softmax backward's fp32 grad * output temporary
+
+
+def adapted(recipe: TraceRecipe, name: str) -> bool:
+    return any(name == target or name.endswith("." + target) for target in recipe.adapted) or (
+        name in recipe.adapted
+    )
+
+
+def linear(sim: Sim, x: int, name: str, shape: tuple[int, int], recipe: TraceRecipe) -> int:
+    """A block linear (bitsandbytes' when quantized) and its LoRA adapter."""
+    fan_in, fan_out = shape
+    tokens = recipe.batch * recipe.seq
+    act, compute = recipe.act, recipe.compute
+    if recipe.quantized:  # bitsandbytes: cast to the compute dtype, dequantize, cast back
+        cast = sim.op([x], compute * tokens * fan_in) if act != compute else x
+        out = sim.op(
+            [cast],
+            compute * tokens * fan_out,
+            temps=[compute * fan_in * fan_out],
+            backward_temps=[compute * fan_in * fan_out],
+        )
+        if act != compute:
+            base = sim.op([out], act * tokens * fan_out)
+            sim.drop(out)
+        else:
+            base = out
+        if cast != x:  # bnb Linear4bit.forward's `x = x.to(compute_dtype)` dies on return
+            sim.drop(cast)
+    else:
+        trained = recipe.weights * fan_in * fan_out if recipe.full else 0
+        base = sim.op(
+            [x],
+            act * tokens * fan_out,
+            save=[x] if trained else [],
+            saves_other=True,  # the weight, for the input's gradient
+            param_grad=trained,
+        )
+    if not (recipe.lora_rank and adapted(recipe, name)):
+        return base
+    if recipe.quantized:
+        return _lora_4bit(sim, x, base, shape, recipe)
+    # peft lora.Linear.forward: `x = self._cast_input_dtype(x, fp32)` lives until the
+    # return; `result = result + lora_B(lora_A(dropout(x))) * scaling` frees lora_A's
+    # output when lora_B returns, then the product, then the base result.
+    rank = recipe.lora_rank
+    lora_in = sim.op([x], 4 * tokens * fan_in) if act != 4 else x
+    mid = sim.op([lora_in], 4 * tokens * rank, save=[lora_in], param_grad=4 * rank * fan_in)
+    up = sim.op([mid], 4 * tokens * fan_out, save=[mid], param_grad=4 * rank * fan_out)
+    sim.drop(mid)
+    scaled = sim.op([up], 4 * tokens * fan_out)
+    sim.drop(up)
+    total = sim.op([base, scaled], 4 * tokens * fan_out, alias=True)
+    sim.drop(scaled, base)
+    out = sim.op([total], act * tokens * fan_out) if act != 4 else total
+    if out != total:
+        sim.drop(total)
+    if lora_in != x:
+        sim.drop(lora_in)
+    return out
+
+
+def _lora_4bit(sim: Sim, x: int, base: int, shape: tuple[int, int], recipe: TraceRecipe) -> int:
+    """PEFT's adapter on a bitsandbytes 4-bit linear (peft/tuners/lora/bnb.py Linear4bit.forward).
+
+    `result = result.clone()` copies the base output first; `output = lora_B(lora_A(x))
+    * scaling` (cast to the result's dtype) is a local that lives until the return.
+    """
+    fan_in, fan_out = shape
+    tokens, act, rank = recipe.batch * recipe.seq, recipe.act, recipe.lora_rank
+    result = sim.op([base], act * tokens * fan_out, alias=True)
+    sim.drop(base)
+    lora_in = sim.op([x], 4 * tokens * fan_in) if act != 4 else x
+    mid = sim.op([lora_in], 4 * tokens * rank, save=[lora_in], param_grad=4 * rank * fan_in)
+    up = sim.op([mid], 4 * tokens * fan_out, save=[mid], param_grad=4 * rank * fan_out)
+    sim.drop(mid)
+    scaled = sim.op([up], 4 * tokens * fan_out)
+    sim.drop(up)
+    output = sim.op([scaled], act * tokens * fan_out) if act != 4 else scaled
+    if output != scaled:
+        sim.drop(scaled)
+    total = sim.op([result, output], act * tokens * fan_out, alias=True)
+    sim.drop(result)
+    if lora_in != x:
+        sim.drop(lora_in)
+    sim.drop(output)
+    return total
+
+
+def norm(sim: Sim, x: int, rows: int, width: int, recipe: TraceRecipe) -> int:
+    """LlamaRMSNorm.forward: fp32 upcast, variance, rstd, normalized, cast back, times weight."""
+    upcast = sim.op([x], 4 * rows * width) if recipe.residual != 4 else x
+    square = sim.op([upcast], 4 * rows * width, save=[upcast])
+    mean = sim.op([square], 4 * rows)
+    sim.drop(square)
+    rstd = sim.op([mean], 4 * rows, save_out=True)
+    sim.drop(mean)
+    normed = sim.op([upcast, rstd], 4 * rows * width, save=[upcast, rstd])
+    sim.drop(rstd)
+    if upcast != x:
+        sim.drop(upcast)
+    cast = sim.op([normed], recipe.residual * rows * width) if recipe.residual != 4 else normed
+    out_bytes = max(recipe.kept if recipe.quantized else recipe.weights, recipe.residual)
+    out = sim.op(
+        [cast], out_bytes * rows * width, save=[cast] if recipe.full else [], saves_other=True
+    )
+    # `return self.weight * hidden_states.to(input_dtype)`: the cast dies after the
+    # product, the fp32 normalized tensor (a local) on return.
+    if cast != normed:
+        sim.drop(cast)
+    sim.drop(normed)
+    return out
+
+
+def rope(sim: Sim, x: int, size: int) -> int:
+    """apply_rotary_pos_emb: `(q * cos) + (rotate_half(q) * sin)`."""
+    cos = sim.op([x], size, saves_other=True)  # MulBackward0 saves cos
+    neg = sim.op([x], size // 2)
+    rotated = sim.op([neg, x], size, alias=True)
+    sim.drop(neg)
+    sin = sim.op([rotated], size, saves_other=True)
+    sim.drop(rotated)
+    out = sim.op([cos, sin], size, alias=True)
+    sim.drop(cos, sin)
+    return out
+
+
+def block(
+    sim: Sim, x: int, *, arch: Arch, recipe: TraceRecipe, mask: int, selective: bool = False
+) -> int:
+    """LlamaDecoderLayer.forward on the block input ``x``; returns its output."""
+    tokens, act = recipe.batch * recipe.seq, recipe.act
+    h = arch.hidden
+    inter = arch.intermediate or arch.moe_intermediate * max(1, arch.top_k)
+    # `hidden_states, _ = self.self_attn(...)` keeps eager attention's weights
+    # referenced until the layer returns.
+    weights: list[int] = []
+    if selective:
+        out = sim.checkpoint(lambda s, y: attention(s, y, arch=arch, recipe=recipe, mask=mask), x)
+    else:
+        out = attention(sim, x, arch=arch, recipe=recipe, mask=mask, held=weights)
+    mid = sim.op([x, out], recipe.residual * tokens * h, alias=True)
+    sim.drop(out)
+    normed = norm(sim, mid, tokens, h, recipe)
+    # LlamaMLP.forward: `down_proj(act_fn(gate_proj(x)) * up_proj(x))`, left to right.
+    if arch.glu:
+        gate = linear(sim, normed, "mlp.gate_proj", (h, inter), recipe)
+        activated = sim.op([gate], act * tokens * inter, save=[gate])
+        sim.drop(gate)
+        up = linear(sim, normed, "mlp.up_proj", (h, inter), recipe)
+        product = sim.op([activated, up], act * tokens * inter, save=[activated, up])
+        sim.drop(activated, up)
+    else:
+        up = linear(sim, normed, "mlp.up_proj", (h, inter), recipe)
+        product = sim.op([up], act * tokens * inter, save=[up])
+        sim.drop(up)
+    down = linear(sim, product, "mlp.down_proj", (inter, h), recipe)
+    sim.drop(product, normed)  # the layer rebinds hidden_states to the MLP's output
+    out = sim.op([mid, down], recipe.residual * tokens * h, alias=True)
+    sim.drop(down, mid, *weights)  # rebinding, then the locals `residual` and `_`
+    return out
+
+
+def attention(
+    sim: Sim, x: int, *, arch: Arch, recipe: TraceRecipe, mask: int, held: list[int] | None = None
+) -> int:
+    """input_layernorm + LlamaAttention.forward; eager's weights go to ``held`` when given."""
+    tokens, act, batch = recipe.batch * recipe.seq, recipe.act, recipe.batch
+    h, q, kv = arch.hidden, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
+    normed = norm(sim, x, tokens, h, recipe)
+    query = linear(sim, normed, "self_attn.q_proj", (h, q), recipe)
+    key = linear(sim, normed, "self_attn.k_proj", (h, kv), recipe)
+    value = linear(sim, normed, "self_attn.v_proj", (h, kv), recipe)
+    query_r, key_r = rope(sim, query, act * tokens * q), rope(sim, key, act * tokens * kv)
+    sim.drop(query, key)
+    if recipe.attention == "eager":
+        flat = _eager(sim, query_r, key_r, value, arch=arch, recipe=recipe, mask=mask)
+        if held is None:
+            sim.drop(flat[1])
+        else:
+            held.append(flat[1])
+        attn = flat[0]
+    else:
+        lse = sim.new(4 * batch * arch.heads * recipe.seq)
+        attn = sim.op(
+            [query_r, key_r, value],
+            act * tokens * q,
+            save=[query_r, key_r, value, lse],
+            save_out=True,
+        )
+        sim.drop(lse)
+    out = linear(sim, attn, "self_attn.o_proj", (q, h), recipe)
+    sim.drop(attn)
+    # LlamaAttention.forward returns: its locals query/key/value_states die, then the
+    # layer rebinds hidden_states, freeing the normed input.
+    sim.drop(query_r, key_r, value, normed)
+    return out
+
+
+def _eager(
+    sim: Sim, query: int, key: int, value: int, *, arch: Arch, recipe: TraceRecipe, mask: int
+) -> tuple[int, int]:
+    """eager_attention_forward; returns (attention output, attention weights)."""
+    tokens, act, batch, seq = recipe.batch * recipe.seq, recipe.act, recipe.batch, recipe.seq
+    q = arch.heads * arch.head_dim
+    scores = batch * arch.heads * seq * seq
+    grouped = arch.kv_heads < arch.heads
+    # repeat_kv: expand + reshape copies grouped K and V to every head.
+    key_f = sim.op([key], act * tokens * q) if grouped else key
+    value_f = sim.op([value], act * tokens * q) if grouped else value
+    # torch.matmul folds 4-D operands to bmm by reshape, which copies an operand whose
+    # (batch, heads) dims cannot merge: RoPE keeps q / k in the projection's (B, S, H, D)
+    # layout, as is an unrepeated V (a transposed view); with batch 1 they merge.
+    query_c = sim.op([query], act * tokens * q, alias=True) if batch > 1 else query
+    key_c = sim.op([key_f], act * tokens * q, alias=True) if batch > 1 and not grouped else key_f
+    raw = sim.op([query_c, key_c], act * scores, save=[query_c, key_c])
+    if query_c != query:
+        sim.drop(query_c)
+    if key_c != key_f:
+        sim.drop(key_c)
+    scaled = sim.op([raw], act * scores)
+    sim.drop(raw)
+    masked = sim.op([scaled, mask], act * scores, alias=True)
+    sim.drop(scaled)
+    # SoftMax.cu softmax_backward_cuda_out: `tmp = grad * output` (fp32) is made
+    # after the structured kernel allocated grad_input, and freed on return.
+    extra = [4 * scores] if recipe.eager_extra else []
+    softmax = sim.op([masked], 4 * scores, save_out=True, backward_scratch=extra)
+    probs = sim.op([softmax], act * scores) if act != 4 else softmax
+    # `attn_weights = softmax(attn_weights, ...).to(dtype)` frees the fp32 result after
+    # `.to`, the masked scores only when the name is rebound.
+    if probs != softmax:
+        sim.drop(softmax)
+    sim.drop(masked)
+    copied = batch > 1 and not grouped
+    value_c = sim.op([value_f], act * tokens * q, alias=True) if copied else value_f
+    out = sim.op([probs, value_c], act * tokens * q, save=[probs, value_c])
+    if value_c != value_f:
+        sim.drop(value_c)
+    flat = sim.op([out], act * tokens * q, alias=True)  # transpose(1, 2).contiguous()
+    sim.drop(out)
+    if grouped:  # eager_attention_forward returns: repeat_kv's copies die
+        sim.drop(key_f, value_f)
+    return flat, probs
