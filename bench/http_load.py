@@ -15,7 +15,10 @@ rounds.  Ratios compare ``POST /resolve`` (no model) with the bare POST and
 ``GET /describe`` with the bare GET.  ``POST /resolve`` with a model runs
 twice: the same body on every request (``same``: answered from the service's
 cache after the first) and a new sequence length on every request (``new``:
-the estimate computed each time).
+the estimate computed each time, in the estimate worker pool: what it measures
+is the pool's throughput, and beyond its queue the 429s are counted as
+errors).  After every run the script waits until the worker pools are idle
+(`settle`), so that queued estimates do not run on into the next run.
 
 Pinning, for the service-vs-bare part (default, on a machine with 2 CPUs or
 more; ``--no-pin`` leaves placement to the OS): the threads of the server
@@ -171,10 +174,35 @@ def measure(server: Server, endpoint: Endpoint, connections: int, seconds: float
     return result
 
 
+# The worker pools' gauges that say the service has work left in the background.
+_POOL_GAUGES = tuple(
+    f"ckpt_{pool}_{gauge}"
+    for pool in ("estimate", "dry_run")
+    for gauge in ("workers_busy", "queue_depth")
+)
+
+
+def settle(server: Server, timeout_s: float = 120.0) -> None:
+    """Wait until the worker pools are idle: estimates queued by a round (``+ model,
+    new``) would otherwise run on into the next one and take CPU from it."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"{server.service_url}/metrics", timeout=10) as response:
+            lines = response.read().decode().splitlines()
+        values = [float(line.split()[-1]) for line in lines if line.startswith(_POOL_GAUGES)]
+        if not any(values):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"the service's worker pools were still busy after {timeout_s:g} s")
+
+
 def warm_up(server: Server, endpoints: tuple[Endpoint, ...]) -> None:
     """One second each: first-use imports (a model family's config code) happen here."""
     for endpoint in endpoints:
         measure(server, endpoint, 8, 1)
+        settle(server)
 
 
 def run_matrix(
@@ -185,6 +213,7 @@ def run_matrix(
         for round_number in range(rounds):
             for endpoint in endpoints:
                 result = measure(server, endpoint, connections, s)
+                settle(server)
                 runs[endpoint.name, connections].append(result)
                 print(
                     f"  c={connections:<3} round {round_number + 1}/{rounds} {endpoint.name:22} "
