@@ -85,7 +85,8 @@ ASSUMPTIONS: Final[dict[str, str]] = {
     "process": "CUDA context (measured per GPU where known, else an allowance) + the caching "
     "allocator's reserved pool, replayed with its rounding (512 B), pools (<= 1 MiB from 2 MiB "
     "segments; 20 MiB segments below 10 MiB; else rounded to 2 MiB), best-fit splitting and "
-    "caching, over a warm-up and the measured step",
+    "caching, over the measured step after the load (the warm-up step's optimizer states "
+    "allocated)",
 }
 
 
