@@ -232,3 +232,21 @@ def test_an_inline_config_equal_to_a_preset_gives_the_same_estimate() -> None:
     by_name = plan(model={"preset": "qwen2.5-1.5b"}, workload=workload)
     inline = plan(model={"config": load_preset("qwen2.5-1.5b")}, workload=workload)
     assert inline.estimate == by_name.estimate
+
+
+def test_a_preset_is_validated_once_and_bad_input_every_time() -> None:
+    from unittest import mock
+
+    from ckpt_core import ModelConfigError, UnknownPresetError
+    from ckpt_core._configs import model_config
+    from ckpt_core._memory.advise import model_facts
+
+    first = model_facts({"preset": "qwen2.5-0.5b"})
+    with mock.patch.object(model_config, "load_model_config") as load:
+        assert model_facts({"preset": "qwen2.5-0.5b"}) is first
+    assert load.call_count == 0
+    for _ in range(2):
+        with pytest.raises(UnknownPresetError):
+            model_facts({"preset": "qwen2.5-0.5b-typo"})
+        with pytest.raises(ModelConfigError):  # more than a name: validated as given
+            model_facts({"preset": "qwen2.5-0.5b", "config": {"model_type": "qwen2"}})

@@ -79,13 +79,30 @@ class Choice:
 
 _FACTS: dict[str, Facts] = {}  # config key -> facts; bounded, oldest dropped first
 _FACTS_LIMIT: Final = 256
+_PRESET_KEYS: dict[str, str] = {}  # preset name -> its config key, once validated
+
+
+def _preset_name(model: object) -> str | None:
+    """The name in ``{"preset": NAME}`` (nothing else in the mapping), else None."""
+    if isinstance(model, dict) and len(model) == 1 and isinstance(model.get("preset"), str):
+        return model["preset"]
+    return None
 
 
 def model_facts(model: object) -> Facts:
-    """Validate the model input (`load_model_config`'s rules) and parse it once per key."""
+    """Validate the model input (`load_model_config`'s rules) and parse it once per key.
+
+    A bundled preset asked for by name is validated once: its config cannot change.
+    """
     from ckpt_core._configs.model_config import ModelConfig, hf_config_from_dict, load_model_config
 
+    preset = _preset_name(model)
+    known = _FACTS.get(_PRESET_KEYS.get(preset, "")) if preset else None
+    if known is not None:
+        return known
     config = model if isinstance(model, ModelConfig) else load_model_config(model)
+    if preset:
+        _PRESET_KEYS[preset] = config.key
     facts = _FACTS.get(config.key)
     if facts is None:
         arch = arch_of(hf_config_from_dict(config.config))

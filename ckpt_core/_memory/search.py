@@ -80,6 +80,8 @@ def cheapest_fit(
     fitting = [c for c in tiers.values() if c.memory.peak_bytes <= budget]
     if tiers["off"] in fitting:
         return tiers["off"]  # nothing recomputes less
+    if tiers["full"] not in fitting:
+        return None  # full keeps the least of any assignment: nothing fits (tests check it)
     walked = _walk(arch, step, peak, budget)
     if walked is not None:
         fitting.append(evaluate(arch, step, peak, walked))
