@@ -83,13 +83,7 @@ def linear(sim: Sim, x: int, name: str, shape: tuple[int, int], recipe: TraceRec
     # peft lora.Linear.forward: `x = self._cast_input_dtype(x, fp32)` lives until the
     # return; `result = result + lora_B(lora_A(dropout(x))) * scaling` frees lora_A's
     # output when lora_B returns, then the product, then the base result.
-    rank = recipe.lora_rank
-    lora_in = sim.op([x], 4 * tokens * fan_in) if act != 4 else x
-    mid = sim.op([lora_in], 4 * tokens * rank, save=[lora_in], param_grad=4 * rank * fan_in)
-    up = sim.op([mid], 4 * tokens * fan_out, save=[mid], param_grad=4 * rank * fan_out)
-    sim.drop(mid)
-    scaled = sim.op([up], 4 * tokens * fan_out)
-    sim.drop(up)
+    lora_in, scaled = _adapter(sim, x, shape, recipe)
     total = sim.op([base, scaled], 4 * tokens * fan_out, alias=True)
     sim.drop(scaled, base)
     out = sim.op([total], act * tokens * fan_out) if act != 4 else total
@@ -106,16 +100,11 @@ def _lora_4bit(sim: Sim, x: int, base: int, shape: tuple[int, int], recipe: Trac
     `result = result.clone()` copies the base output first; `output = lora_B(lora_A(x))
     * scaling` (cast to the result's dtype) is a local that lives until the return.
     """
-    fan_in, fan_out = shape
-    tokens, act, rank = recipe.batch * recipe.seq, recipe.act, recipe.lora_rank
+    fan_out = shape[1]
+    tokens, act = recipe.batch * recipe.seq, recipe.act
     result = sim.op([base], act * tokens * fan_out, alias=True)
     sim.drop(base)
-    lora_in = sim.op([x], 4 * tokens * fan_in) if act != 4 else x
-    mid = sim.op([lora_in], 4 * tokens * rank, save=[lora_in], param_grad=4 * rank * fan_in)
-    up = sim.op([mid], 4 * tokens * fan_out, save=[mid], param_grad=4 * rank * fan_out)
-    sim.drop(mid)
-    scaled = sim.op([up], 4 * tokens * fan_out)
-    sim.drop(up)
+    lora_in, scaled = _adapter(sim, x, shape, recipe)
     output = sim.op([scaled], act * tokens * fan_out) if act != 4 else scaled
     if output != scaled:
         sim.drop(scaled)
@@ -125,6 +114,20 @@ def _lora_4bit(sim: Sim, x: int, base: int, shape: tuple[int, int], recipe: Trac
         sim.drop(lora_in)
     sim.drop(output)
     return total
+
+
+def _adapter(sim: Sim, x: int, shape: tuple[int, int], recipe: TraceRecipe) -> tuple[int, int]:
+    """``lora_B(lora_A(x)) * scaling`` in fp32: (the fp32 input, which its caller frees,
+    and the scaled product); lora_A's output dies when lora_B returns."""
+    fan_in, fan_out = shape
+    tokens, rank = recipe.batch * recipe.seq, recipe.lora_rank
+    lora_in = sim.op([x], 4 * tokens * fan_in) if recipe.act != 4 else x
+    mid = sim.op([lora_in], 4 * tokens * rank, save=[lora_in], param_grad=4 * rank * fan_in)
+    up = sim.op([mid], 4 * tokens * fan_out, save=[mid], param_grad=4 * rank * fan_out)
+    sim.drop(mid)
+    scaled = sim.op([up], 4 * tokens * fan_out)
+    sim.drop(up)
+    return lora_in, scaled
 
 
 def norm(sim: Sim, x: int, rows: int, width: int, recipe: TraceRecipe) -> int:
