@@ -125,7 +125,8 @@ def gpu_of(row: dict[str, Any]) -> str | None:
 
 def estimate_row(row: dict[str, Any], budget_bytes: int | None = None) -> dict[str, Any]:
     """The estimate's tier entry for the row (allocated, peak, verdict against a budget)."""
-    from ckpt_core._memory.advise import estimate_tiers, model_facts, parse_workload, prepare
+    from ckpt_core._memory.advise import estimate_tiers
+    from ckpt_core._memory.inputs import model_facts, parse_workload, prepare
 
     workload = parse_workload({**workload_of(row), "headroom": 0.0})
     run = prepare(model_facts(model_input(row)), workload, gpu_of(row))

@@ -28,7 +28,7 @@ ZERO3_OFFLOADS = ("none", "optimizer", "all")
 
 
 def _ours(preset: str, nodes: int, per_node: int, sharding: str, offload: str) -> Any:
-    from ckpt_core._memory.advise import model_facts, parse_workload, prepare
+    from ckpt_core._memory.inputs import model_facts, parse_workload, prepare
 
     workload = {
         "seq_len": 1024,

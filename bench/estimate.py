@@ -72,7 +72,7 @@ def _rows(preset: str, seqs: tuple[int, ...], args: argparse.Namespace) -> list[
     from ckpt_core._configs.model_config import build_meta_model, load_model_config
     from ckpt_core._errors import InvalidWorkloadError
     from ckpt_core._memory.activations import activation_bytes
-    from ckpt_core._memory.advise import model_facts, parse_workload, prepare
+    from ckpt_core._memory.inputs import model_facts, parse_workload, prepare
     from ckpt_core._meta.measure import measure_activation_bytes
 
     config = load_model_config({"preset": preset})

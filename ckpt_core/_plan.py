@@ -131,7 +131,8 @@ def make_plan(
         why = _why_granularity(parsed, granularity, memory, gpu_name)
         description = describe(parsed, memory)
     else:
-        from ckpt_core._memory.advise import advise, parse_workload  # only when a model is given
+        from ckpt_core._memory.advise import advise  # only when a model is given
+        from ckpt_core._memory.inputs import parse_workload
         from ckpt_core._memory.sharding import host_sentence
 
         advice = advise(parsed, model, workload, memory, gpu_name)

@@ -50,7 +50,7 @@ def test_more_gpu_memory_never_gives_a_costlier_plan(model: dict, workload: dict
 def test_a_shorter_sequence_never_costs_more_than_the_longer_ones_plan(
     model: dict, workload: dict
 ) -> None:
-    from ckpt_core._memory.advise import model_facts, parse_workload, prepare
+    from ckpt_core._memory.inputs import model_facts, parse_workload, prepare
     from ckpt_core._memory.search import cheapest_fit, evaluate, tier_candidates
 
     budget = int(48 * 2**30 * 0.9)
@@ -239,7 +239,7 @@ def test_a_preset_is_validated_once_and_bad_input_every_time() -> None:
 
     from ckpt_core import ModelConfigError, UnknownPresetError
     from ckpt_core._configs import model_config
-    from ckpt_core._memory.advise import model_facts
+    from ckpt_core._memory.inputs import model_facts
 
     first = model_facts({"preset": "qwen2.5-0.5b"})
     with mock.patch.object(model_config, "load_model_config") as load:

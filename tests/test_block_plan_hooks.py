@@ -140,7 +140,7 @@ def test_block_plan_flops_ratio_matches_flop_counter(arch: str, dropout: float) 
 @pytest.mark.parametrize("preset", ["llama-3.2-1b", "gemma-3-1b", "t5-base"])
 def test_block_plan_activation_bytes_match_the_meta_measurement(preset: str) -> None:
     from ckpt_core._configs.model_config import build_meta_model, load_model_config
-    from ckpt_core._memory.advise import model_facts, parse_workload, prepare
+    from ckpt_core._memory.inputs import model_facts, parse_workload, prepare
     from ckpt_core._meta.measure import measure_activation_bytes
 
     model = build_meta_model(load_model_config({"preset": preset}), attention="sdpa")

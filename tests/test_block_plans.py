@@ -14,7 +14,7 @@ import pytest
 
 from ckpt_core import InvalidGranularityError, Plan, make_plan
 from ckpt_core._memory.activations import block_layout
-from ckpt_core._memory.advise import model_facts, parse_workload, prepare
+from ckpt_core._memory.inputs import model_facts, parse_workload, prepare
 from ckpt_core._memory.placement import place
 from ckpt_core._memory.search import canonical, evaluate
 from ckpt_core._planning.block_plan import BlockPlan, every_n_set

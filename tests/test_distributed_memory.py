@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from ckpt_core import InvalidWorkloadError, Workload, make_plan
-from ckpt_core._memory.advise import model_facts, parse_workload, prepare
+from ckpt_core._memory.inputs import model_facts, parse_workload, prepare
 from ckpt_core._memory.sharding import ShardedMemory, _largest_module
 
 GIB = 1 << 30

@@ -19,9 +19,9 @@ from ckpt_core import InvalidWorkloadError, ModelConfigError, make_plan
 from ckpt_core._configs.model_config import build_meta_model, count_parameters, load_model_config
 from ckpt_core._configs.presets import load_preset, preset_names
 from ckpt_core._memory.activations import activation_bytes
-from ckpt_core._memory.advise import Run, model_facts, parse_workload, prepare
 from ckpt_core._memory.families import NO_FLASH, NO_SDPA, arch_of
 from ckpt_core._memory.flops import recompute_ratio
+from ckpt_core._memory.inputs import Run, model_facts, parse_workload, prepare
 from ckpt_core._memory.ledger import Step
 from ckpt_core._meta.measure import measure_activation_bytes
 from tests._tiny_models import tiny_model

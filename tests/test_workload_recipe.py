@@ -9,8 +9,8 @@ import torch
 
 from ckpt_core import InvalidWorkloadError, make_plan
 from ckpt_core._memory.activations import activation_bytes
-from ckpt_core._memory.advise import model_facts, parse_workload, prepare
 from ckpt_core._memory.estimate import NF4_BYTES_PER_WEIGHT, NF4_DOUBLE_QUANT_BYTES_PER_WEIGHT
+from ckpt_core._memory.inputs import model_facts, parse_workload, prepare
 from ckpt_core._planning.workload import Workload
 
 MODEL = {"preset": "llama-3.2-1b"}

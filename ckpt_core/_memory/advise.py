@@ -17,8 +17,8 @@ so, with the numbers and the nearest workloads that fit
 (`alternatives.alternatives`).  Without GPU memory it chooses full, the safe
 choice, and says why.
 
-Nothing here builds a model or imports torch: the config is parsed once per
-config key (cached) and the rest is arithmetic.
+Its inputs (the model's facts, the workload prepared against them) come from
+`ckpt_core._memory.inputs`.  Nothing here builds a model or imports torch.
 """
 
 from __future__ import annotations
@@ -27,43 +27,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ckpt_core._errors import InvalidWorkloadError
 from ckpt_core._memory.alternatives import Alternative, alternatives, judges_for
-from ckpt_core._memory.arch import Arch
-from ckpt_core._memory.context import context_bytes
 from ckpt_core._memory.estimate import (
     ASSUMPTIONS,
-    DTYPE_BYTES,
     GIB,
-    PeakModel,
-    StaticMemory,
-    recipe_for,
-    static_memory,
 )
-from ckpt_core._memory.families import NO_FLASH, NO_SDPA, arch_of, param_layout
-from ckpt_core._memory.ledger import Step
-from ckpt_core._memory.param_layout import ParamLayout
-from ckpt_core._memory.peak import Recipe
+from ckpt_core._memory.inputs import Run, model_facts, parse_workload, prepare
 from ckpt_core._memory.placement import place
 from ckpt_core._memory.search import Candidate, auto_pick, granularity_of, tier_candidates
-from ckpt_core._memory.sharding import distributed_summary, per_gpu_memory
+from ckpt_core._memory.sharding import distributed_summary
 from ckpt_core._memory.verdict import TIGHT_BANDS, tight_note, verdict
 from ckpt_core._planning.block_plan import BlockPlan
-from ckpt_core._planning.workload import Workload
 
-# The attention kernel kinds of the activation model, by requested implementation.
-_KERNEL: Final[dict[str, str]] = {"sdpa": "fused", "flash_attention_2": "flash", "eager": "eager"}
 # Selective saving less than this share of the activations is worth saying.
 SMALL_SAVING: Final = 0.25
-
-
-@dataclass(frozen=True, slots=True)
-class Facts:
-    """What the estimate needs from a model config (cached per config key)."""
-
-    arch: Arch
-    layout: ParamLayout
-    architecture: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,154 +52,6 @@ class Choice:
     candidate: Candidate
     block_plan: BlockPlan | None = None
     alternatives: tuple[Alternative, ...] = ()
-
-
-_FACTS: dict[str, Facts] = {}  # config key -> facts; bounded, oldest dropped first
-_FACTS_LIMIT: Final = 256
-_PRESET_KEYS: dict[str, str] = {}  # preset name -> its config key, once validated
-
-
-def _preset_name(model: object) -> str | None:
-    """The name in ``{"preset": NAME}`` (nothing else in the mapping), else None."""
-    if isinstance(model, dict) and len(model) == 1 and isinstance(model.get("preset"), str):
-        return model["preset"]
-    return None
-
-
-def model_facts(model: object) -> Facts:
-    """Validate the model input (`load_model_config`'s rules) and parse it once per key.
-
-    A bundled preset asked for by name is validated once: its config cannot change.
-    """
-    from ckpt_core._configs.model_config import ModelConfig, hf_config_from_dict, load_model_config
-
-    preset = _preset_name(model)
-    known = _FACTS.get(_PRESET_KEYS.get(preset, "")) if preset else None
-    if known is not None:
-        return known
-    config = model if isinstance(model, ModelConfig) else load_model_config(model)
-    if preset:
-        _PRESET_KEYS[preset] = config.key
-    facts = _FACTS.get(config.key)
-    if facts is None:
-        arch = arch_of(hf_config_from_dict(config.config))
-        facts = Facts(arch, param_layout(arch), config.architecture)
-        if len(_FACTS) >= _FACTS_LIMIT:
-            _FACTS.pop(next(iter(_FACTS)), None)
-        _FACTS[config.key] = facts
-    return facts
-
-
-def parse_workload(workload: object) -> Workload:
-    """A `Workload` from a mapping (strict: `InvalidWorkloadError` naming the field)."""
-    if isinstance(workload, Workload):
-        return workload
-    if workload is None:
-        raise InvalidWorkloadError(
-            "a workload with at least seq_len is required with a model", field="workload"
-        )
-    return Workload.from_dict(workload)  # type: ignore[arg-type]
-
-
-@dataclass(frozen=True, slots=True)
-class Run:
-    """A validated (model, workload) pair and everything derived from it."""
-
-    facts: Facts
-    workload: Workload
-    step: Step
-    static: StaticMemory
-    attention_note: str
-    recipe: Recipe
-    gpu: str | None = None  # GPU-table name: picks the measured CUDA context
-
-    @property
-    def context(self) -> tuple[int, str]:
-        return context_bytes(self.gpu)
-
-    @property
-    def peak(self) -> PeakModel:
-        return PeakModel(self.static, self.recipe, self.context[0])
-
-
-def prepare(facts: Facts, workload: Workload, gpu: str | None = None) -> Run:
-    """Check the workload against the model and derive the activation step and static memory."""
-    arch, layout = facts.arch, facts.layout
-    _check_fits_model(arch, workload)
-    targets = _lora_targets(layout, workload)
-    lora_parameters = sum(
-        workload.lora_rank * (linear.fan_in + linear.fan_out) * linear.count
-        for linear in layout.linears
-        if linear.name in targets
-    )
-    kernel, note = _attention(arch, workload.attention)
-    step = Step(
-        batch=workload.micro_batch_size,
-        seq=workload.seq_len,
-        dtype_bytes=activation_dtype_bytes(workload),
-        attention=kernel,
-        trainable_weights=workload.method == "full",
-        lora_rank=workload.lora_rank if workload.method != "full" else 0,
-        adapted=targets.__contains__,  # empty for a full fine-tune
-        hidden_bytes=4 if workload.compute == "autocast" else 0,
-    )
-    # Per GPU of the data-parallel group (the unsharded totals ride along): issue 17.
-    replica = static_memory(layout, workload, lora_parameters)
-    static = per_gpu_memory(replica, arch, layout, workload)
-    return Run(facts, workload, step, static, note, recipe_for(layout, workload, static, step), gpu)
-
-
-def activation_dtype_bytes(workload: Workload) -> int:
-    """Bytes per activation element.
-
-    After PEFT's kbit preparation the embeddings, norms and LM head are fp32:
-    the embedding's output is fp32, Llama-style norms return ``weight *
-    x.to(input_dtype)`` (fp32), and bitsandbytes' linears cast back to their
-    input's dtype, so every hidden state of the step is fp32.
-    """
-    return 4 if workload.kbit_prepared else DTYPE_BYTES[workload.dtype]
-
-
-def _check_fits_model(arch: Arch, workload: Workload) -> None:
-    if arch.positions and workload.seq_len > arch.positions:
-        raise InvalidWorkloadError(
-            f"seq_len {workload.seq_len} is longer than the model's learned positions "
-            f"({arch.positions})",
-            field="workload.seq_len",
-        )
-
-
-def _lora_targets(layout: ParamLayout, workload: Workload) -> frozenset[str]:
-    """Block linears the adapters go on: every one by default, else those matching by suffix."""
-    names = [linear.name for linear in layout.linears]
-    if workload.method == "full":
-        return frozenset()
-    if workload.lora_targets is None:
-        return frozenset(names)
-    chosen: set[str] = set()
-    for target in workload.lora_targets:
-        matched = [n for n in names if n == target or n.endswith("." + target)]
-        if not matched:
-            raise InvalidWorkloadError(
-                f"lora target {target!r} matches no linear layer of this model; its block "
-                f"linears are {', '.join(names)}",
-                field="workload.lora_targets",
-            )
-        chosen.update(matched)
-    return frozenset(chosen)
-
-
-def _attention(arch: Arch, requested: str) -> tuple[str, str]:
-    """The kernel transformers would run, and a note when it differs from the request."""
-    effective = requested
-    if effective == "flash_attention_2" and arch.model_type in NO_FLASH:
-        effective = "sdpa"
-    if effective == "sdpa" and arch.model_type in NO_SDPA:
-        effective = "eager"
-    note = ""
-    if effective != requested:
-        note = f"{arch.model_type} does not support {requested} in transformers: {effective} runs"
-    return _KERNEL[effective], note
 
 
 def estimate_tiers(
