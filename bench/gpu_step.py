@@ -47,6 +47,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--attention", choices=("eager", "sdpa"), default="sdpa")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--out", type=Path, required=True, help="JSON rows file (appended)")
+    parser.add_argument(
+        "--weights", type=Path, help="folder for the random weights, reused when present"
+    )
     args = parser.parse_args(argv)
     if args.hooks == "hf" and args.tier != "full":
         parser.error("--hooks hf checkpoints every block: only --tier full")
@@ -158,23 +161,40 @@ def main(argv: list[str] | None = None) -> int:
     from ckpt_core._configs.model_config import load_model_config
 
     config = dict(load_model_config(model_input(args.model)).config)
-    measured, versions = _run_step(args, config)
+    if args.weights is None:
+        with tempfile.TemporaryDirectory() as folder:
+            measured, versions = _measure_step(args, config, Path(folder))
+    else:
+        measured, versions = _measure_step(args, config, args.weights)
     gpu = torch.cuda.get_device_name()
     append_row(args.out, build_row(args, config, measured, gpu, versions))
     print(json.dumps(measured, indent=1))
     return 0
 
 
-def _run_step(args: argparse.Namespace, config: dict[str, Any]) -> tuple[dict, dict]:
-    """Build, prepare, warm up and measure one step on the current CUDA device."""
-    import peft
+def saved_random_weights(config: dict[str, Any], folder: Path, dtype: Any) -> Path:
+    """A folder holding the model with random weights, built and saved there when absent.
+
+    Loading goes through ``from_pretrained`` so that quantization takes transformers'
+    and bitsandbytes' own path; a sweep builds each model once and reuses the folder.
+    """
+    from transformers import AutoModelForCausalLM
+
+    from ckpt_core._configs.model_config import hf_config_from_dict
+
+    if not (folder / "config.json").is_file():
+        random = AutoModelForCausalLM.from_config(hf_config_from_dict(config), dtype=dtype)
+        random.save_pretrained(folder)
+    return folder
+
+
+def prepared_model(args: argparse.Namespace, config: dict[str, Any], weights: Path, device: str):
+    """The model with the recipe and the tier applied, on ``device``, in training mode."""
     import torch
-    import transformers
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
     from ckpt_core import install_checkpoint_hooks
-    from ckpt_core._configs.model_config import hf_config_from_dict
 
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": args.attention}
@@ -185,11 +205,8 @@ def _run_step(args: argparse.Namespace, config: dict[str, Any]) -> tuple[dict, d
             bnb_4bit_compute_dtype=dtype,
             bnb_4bit_use_double_quant=args.double_quant,
         )
-    with tempfile.TemporaryDirectory() as folder:
-        random = AutoModelForCausalLM.from_config(hf_config_from_dict(config), dtype=dtype)
-        random.save_pretrained(folder)
-        del random
-        model = AutoModelForCausalLM.from_pretrained(folder, device_map="cuda", **kwargs)
+    folder = saved_random_weights(config, weights, dtype)
+    model = AutoModelForCausalLM.from_pretrained(folder, device_map=device, **kwargs)
     model.config.use_cache = False
     if args.method == "qlora":
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
@@ -200,29 +217,40 @@ def _run_step(args: argparse.Namespace, config: dict[str, Any]) -> tuple[dict, d
         target_modules=args.lora_targets.split(","),
     )
     model = get_peft_model(model, lora)
-    resident = torch.cuda.memory_allocated()  # weights + adapters, as the shared rows
     model.enable_input_require_grads()
     if args.hooks == "hf":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     elif args.tier != "off":
         install_checkpoint_hooks(model, args.tier)
     model.train()
+    return model
+
+
+def training_step(model: Any, optimizer: Any, ids: Any) -> float:
+    """One step as the shared rows ran it; returns the loss."""
+    optimizer.zero_grad(set_to_none=True)
+    out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+    optimizer.step()
+    return float(out.loss.detach())
+
+
+def _measure_step(args: argparse.Namespace, config: dict[str, Any], weights: Path):
+    """Build, prepare, warm up and measure one step on the current CUDA device."""
+    import peft
+    import torch
+    import transformers
+
+    model = prepared_model(args, config, weights, "cuda")
+    resident = torch.cuda.memory_allocated()  # weights + adapters, as the shared rows
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable)
     ids = torch.randint(0, config["vocab_size"], (args.batch, args.seq_len), device="cuda")
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        out = model(input_ids=ids, labels=ids)
-        out.loss.backward()
-        optimizer.step()
-        del out
-
     for _ in range(args.warmup):
-        step()
+        training_step(model, optimizer, ids)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    step()
+    training_step(model, optimizer, ids)
     torch.cuda.synchronize()
     free, total = torch.cuda.mem_get_info()
     reserved = torch.cuda.max_memory_reserved()

@@ -2,10 +2,12 @@
 
 Run on a CUDA machine: ``.venv/bin/python -m bench.gpu_sweep [--out FILE] [--dry]``.
 For each preset x sequence length x tier (off, selective, medium, full) it
-runs ``bench/gpu_step.py`` in a fresh process (a clean CUDA context and
+runs ``bench.gpu_step`` in a fresh process (a clean CUDA context and
 caching allocator per row, as the shared rows were measured), LoRA r32 on q /
-k / v / o, bf16, sdpa, appending the rows to ``--out`` (default
-``bench/data/sweep.json``), which ``bench/gpu_truth.py`` then scores.
+k / v / o, bf16, sdpa (``--attention eager``, ``--tiers`` for others),
+appending the rows to ``--out`` (default ``bench/data/sweep.json``), which
+``bench/gpu_truth.py`` then scores.  Each model's random weights are built
+once and reused by its later steps.
 ``--dry`` prints the commands without running them.  A step that runs out of
 memory or fails is reported and skipped; the exit status is the number of
 failed steps (at most 125).
@@ -16,20 +18,31 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Final
 
 ROOT: Final = Path(__file__).resolve().parents[1]
 PRESETS: Final = ("llama-3.2-1b", "qwen2.5-1.5b", "gemma-3-1b")  # three families
-SEQS: Final = (1024, 4096)
+SEQS: Final = (2048, 8192)
 TIERS: Final = ("off", "selective", "medium", "full")
 
 
-def commands(out: Path, presets: tuple[str, ...], seqs: tuple[int, ...]) -> list[list[str]]:
+def commands(
+    out: Path,
+    presets: tuple[str, ...],
+    seqs: tuple[int, ...],
+    weights: Path,
+    *,
+    tiers: tuple[str, ...] = TIERS,
+    attention: str = "sdpa",
+) -> list[list[str]]:
     return [
         [
             sys.executable,
-            str(ROOT / "bench" / "gpu_step.py"),
+            "-m",
+            "bench.gpu_step",
             "--model",
             preset,
             "--seq-len",
@@ -39,13 +52,15 @@ def commands(out: Path, presets: tuple[str, ...], seqs: tuple[int, ...]) -> list
             "--dtype",
             "bf16",
             "--attention",
-            "sdpa",
+            attention,
             "--out",
             str(out),
+            "--weights",
+            str(weights / preset),
         ]
         for preset in presets
         for seq in seqs
-        for tier in TIERS
+        for tier in tiers
     ]
 
 
@@ -54,25 +69,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "data" / "sweep.json")
     parser.add_argument("--presets", default=",".join(PRESETS))
     parser.add_argument("--seqs", default=",".join(map(str, SEQS)))
+    parser.add_argument("--tiers", default=",".join(TIERS))
+    parser.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per step")
     parser.add_argument("--dry", action="store_true", help="print the commands only")
     args = parser.parse_args(argv)
     seqs = tuple(int(seq) for seq in args.seqs.split(","))
-    failed = 0
-    for command in commands(args.out, tuple(args.presets.split(",")), seqs):
-        print(" ".join(command[1:]), flush=True)
-        if args.dry:
-            continue
-        try:
-            done = subprocess.run(command, timeout=args.timeout, check=False)
-        except subprocess.TimeoutExpired:
-            print("  timed out", flush=True)
-            failed += 1
-            continue
-        if done.returncode:
-            print(f"  failed with status {done.returncode}", flush=True)
-            failed += 1
+    with tempfile.TemporaryDirectory() as weights:
+        presets, tiers = tuple(args.presets.split(",")), tuple(args.tiers.split(","))
+        steps = commands(
+            args.out, presets, seqs, Path(weights), tiers=tiers, attention=args.attention
+        )
+        failed = sum(_run(step, args.timeout, args.dry) for step in steps)
     return min(failed, 125)
+
+
+def _run(command: list[str], timeout: float, dry: bool) -> bool:
+    """Runs one step from the repository root; True when it failed."""
+    print(" ".join(command[2:]), flush=True)
+    if dry:
+        return False
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(command, cwd=ROOT, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        print("  timed out", flush=True)
+        return True
+    print(f"  status {done.returncode} in {time.perf_counter() - started:.1f} s", flush=True)
+    return done.returncode != 0
 
 
 if __name__ == "__main__":
