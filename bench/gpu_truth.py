@@ -4,10 +4,10 @@ Run: ``.venv/bin/python -m bench.gpu_truth [--shared DIR] [--local DIR] [--budge
 Scores every row under ``--shared`` (default ``../shared/data/gpu-steps`` from
 the repository root) and ``--local`` (default ``bench/data``, rows recorded by
 ``bench/gpu_step.py``), repeats dropped: a table per row, a summary by group
-(QLoRA / LoRA x eager / SDPA) of the error of ``allocated_bytes`` against
-``torch.cuda.max_memory_allocated()`` and of ``peak_bytes`` against process
-memory (reserved + CUDA context), and boundary verdicts: each row against
-budgets just above and just below its real process memory (and against
+(GPU x QLoRA / LoRA x eager / SDPA, and by tier) of the error of
+``allocated_bytes`` against ``torch.cuda.max_memory_allocated()`` and of
+``peak_bytes`` against process memory (reserved + CUDA context), and boundary
+verdicts: each row against budgets just above and just below its real process memory (and against
 ``--budget-mib``), counting answers "fits" for a step that would not
 (dangerous), "tight", and "does_not_fit" for one that would (over-cautious).
 Exits 1 when a target of issue 15 is missed.
@@ -27,6 +27,7 @@ from bench._gpu_rows import (
     MIB,
     SHARED_ROWS,
     estimate_row,
+    gpu_of,
     load_rows,
     tier_of,
 )
@@ -42,6 +43,7 @@ class Score:
 
     label: str
     group: str
+    tier: str
     measured_allocated: float
     estimated_allocated: float
     measured_process: float
@@ -61,7 +63,8 @@ def group_of(row: dict[str, Any]) -> str:
     method = "QLoRA" if run.get("quantization", "none") not in ("none", None) else "LoRA"
     if run.get("method") == "full":
         method = "full"
-    return f"{method} {'eager' if run['kernel'] == 'eager' else 'SDPA'}"
+    kernel = "eager" if run["kernel"] == "eager" else "SDPA"
+    return f"{gpu_of(row) or 'unknown GPU'} {method} {kernel}"
 
 
 def label_of(row: dict[str, Any]) -> str:
@@ -80,6 +83,7 @@ def score(rows: Iterable[dict[str, Any]]) -> list[Score]:
             Score(
                 label_of(row),
                 group_of(row),
+                tier_of(row),
                 measured["peak_allocated_mib"],
                 estimate["allocated_bytes"] / MIB,
                 measured["process_mib"],
@@ -89,11 +93,12 @@ def score(rows: Iterable[dict[str, Any]]) -> list[Score]:
     return scores
 
 
-def summary(scores: list[Score]) -> dict[str, dict[str, float]]:
-    """Per group and for all rows: rows, mean |error| and worst (signed) error, in %."""
+def summary(scores: list[Score], by: str = "group") -> dict[str, dict[str, float]]:
+    """Per group (``by``: "group" or "tier") and for all rows: rows, mean |error| and worst
+    (signed) error, in %."""
     groups: dict[str, list[Score]] = {}
     for item in scores:
-        groups.setdefault(item.group, []).append(item)
+        groups.setdefault(getattr(item, by), []).append(item)
     groups["all"] = list(scores)
     result = {}
     for name, items in sorted(groups.items()):
@@ -144,7 +149,7 @@ def missed_targets(table: dict[str, dict[str, float]], verdicts: dict[str, int])
     return missed
 
 
-def print_report(scores: list[Score], table: dict[str, dict[str, float]]) -> None:
+def print_report(scores: list[Score]) -> None:
     print(
         f"{'row':40} {'group':12} {'alloc MiB':>9} {'est':>8} {'err':>7} "
         f"{'process MiB':>11} {'est':>8} {'err':>7}"
@@ -156,17 +161,18 @@ def print_report(scores: list[Score], table: dict[str, dict[str, float]]) -> Non
             f"{item.measured_process:11.0f} {item.estimated_process:8.0f} "
             f"{item.process_error:+6.1f}%"
         )
-    print(
-        "\n| group | rows | allocated mean abs | allocated worst | process mean abs | "
-        "process worst |"
-    )
-    print("|---|---:|---:|---:|---:|---:|")
-    for name, row in table.items():
+    for by in ("group", "tier"):
         print(
-            f"| {name} | {row['rows']} | {row['allocated_mean']:.2f}% | "
-            f"{row['allocated_worst']:+.2f}% | {row['process_mean']:.2f}% | "
-            f"{row['process_worst']:+.2f}% |"
+            f"\n| {by} | rows | allocated mean abs | allocated worst | process mean abs | "
+            "process worst |"
         )
+        print("|---|---:|---:|---:|---:|---:|")
+        for name, row in summary(scores, by).items():
+            print(
+                f"| {name} | {row['rows']} | {row['allocated_mean']:.2f}% | "
+                f"{row['allocated_worst']:+.2f}% | {row['process_mean']:.2f}% | "
+                f"{row['process_worst']:+.2f}% |"
+            )
 
 
 def main() -> int:
@@ -183,7 +189,7 @@ def main() -> int:
         return 2
     scores = score(rows)
     table = summary(scores)
-    print_report(scores, table)
+    print_report(scores)
     verdicts = boundary(rows, args.budget_mib)
     print(
         f"\nboundary verdicts ({len(rows)} rows x budgets at real process memory "

@@ -51,7 +51,7 @@ def test_process_memory_worst_within_8_percent(table: dict[str, dict[str, float]
 
 
 def test_sdpa_process_memory_worst_within_8_percent(table: dict[str, dict[str, float]]) -> None:
-    for group in ("LoRA SDPA", "QLoRA SDPA"):
+    for group in ("T4 LoRA SDPA", "T4 QLoRA SDPA"):
         assert abs(table[group]["process_worst"]) <= gpu_truth.TARGETS["process_worst"], group
 
 

@@ -8,7 +8,7 @@ some, and from a stated allowance otherwise:
 
 - measured: the process memory minus the reserved pool, read after a training
   step (``mem_get_info`` total - free - reserved), by GPU name;
-- otherwise `DEFAULT_CONTEXT_BYTES`, an allowance chosen to stay above the
+- otherwise `DEFAULT_CONTEXT_BYTES`, an allowance chosen to stay above every
   measured value (not a measurement of any other GPU: record one with
   ``bench/gpu_step.py`` and add it here).
 
@@ -27,8 +27,12 @@ MEASURED: Final[dict[str, tuple[int, str]]] = {
         int(140.875 * MIB),
         "cuda_context_mib of every row in ../shared/data/gpu-steps (torch 2.10 and 2.14)",
     ),
+    "H200": (
+        int(766.8125 * MIB),
+        "cuda_context_mib of every row in bench/data/sweep.json (torch 2.11, CUDA 13.0)",
+    ),
 }
-DEFAULT_CONTEXT_BYTES: Final = 512 * MIB
+DEFAULT_CONTEXT_BYTES: Final = 768 * MIB
 DEFAULT_SOURCE: Final = "allowance for a GPU without a measurement (not measured)"
 
 
