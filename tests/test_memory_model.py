@@ -301,3 +301,42 @@ def test_peak_without_allowance_matches_mem_tracker_on_meta(
     memory = tier_memory(run.facts.arch, run.step, tier, run.static)
     estimated = run.static.total + memory.activation_bytes + memory.transient_bytes
     assert measured * 0.99 <= estimated <= measured * 1.05
+
+
+def replayed_block_bytes(run: Run, *, selective: bool) -> int:
+    """What the step replay's decoder block (off or selective) keeps at the end of its forward."""
+    from ckpt_core._memory.autograd_sim import Sim
+    from ckpt_core._memory.block_trace import block
+
+    arch, recipe = run.facts.arch, run.recipe.trace
+    sim = Sim()
+    x = sim.new(recipe.residual * recipe.batch * recipe.seq * arch.hidden, grad=True)
+    mask = sim.new(4)
+    layer = functools.partial(block, arch=arch, recipe=recipe, mask=mask)
+    out = layer(sim, x, selective=selective)
+    sim.drop(x)
+    # Tensor bytes, as the meta measurement counts them (not the allocator's block sizes).
+    return sum(sim.size(tid) for tid in sim.tensors if tid not in (out, mask))
+
+
+@pytest.mark.parametrize("preset", ["llama-3.2-1b", "qwen2.5-1.5b"])
+def test_replayed_selective_block_keeps_what_peft_keeps_on_meta(preset: str) -> None:
+    """Llama-style decoders take their allocated peak from the step replay: what selective
+    saves over off, per block, is what it saves on PEFT's LoRA model on meta (the block
+    keeps input_layernorm's fp32 upcast: the norm runs outside the hooked self_attn)."""
+    from peft import LoraConfig, get_peft_model
+
+    layers, seq = 2, 512
+    model_input = {"config": {**load_preset(preset), "num_hidden_layers": layers}}
+    base = build_meta_model(load_model_config(model_input), attention="sdpa").to(torch.bfloat16)
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    lora = LoraConfig(r=32, lora_alpha=64, target_modules=targets, lora_dropout=0.0)
+    peft_model = get_peft_model(base, lora)
+    measured = [
+        measure_activation_bytes(peft_model, tier, seq_len=seq, micro_batch_size=1)
+        for tier in ("off", "selective")
+    ]
+    workload = {"seq_len": seq, "method": "lora", "lora_rank": 32, "lora_targets": targets}
+    run = prepare(model_facts(model_input), parse_workload(workload))
+    saved = replayed_block_bytes(run, selective=False) - replayed_block_bytes(run, selective=True)
+    assert layers * saved == pytest.approx(measured[0] - measured[1], rel=0.001)

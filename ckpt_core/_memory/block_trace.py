@@ -178,10 +178,17 @@ def block(
     # `hidden_states, _ = self.self_attn(...)` keeps eager attention's weights
     # referenced until the layer returns.
     weights: list[int] = []
+    # input_layernorm runs in the layer, outside the hooked self_attn: selective keeps
+    # the norm's fp32 upcast and rstd, and the checkpoint keeps its normed output.
+    normed_in = norm(sim, x, tokens, h, recipe)
     if selective:
-        out = sim.checkpoint(lambda s, y: attention(s, y, arch=arch, recipe=recipe, mask=mask), x)
+        out = sim.checkpoint(
+            lambda s, y: attention(s, y, arch=arch, recipe=recipe, mask=mask), normed_in
+        )
     else:
-        out = attention(sim, x, arch=arch, recipe=recipe, mask=mask, held=weights)
+        out = attention(sim, normed_in, arch=arch, recipe=recipe, mask=mask, held=weights)
+    # The layer rebinds hidden_states to the attention's output: the normed input dies.
+    sim.drop(normed_in)
     mid = sim.op([x, out], recipe.residual * tokens * h, alias=True)
     sim.drop(out)
     normed = norm(sim, mid, tokens, h, recipe)
@@ -207,13 +214,12 @@ def block(
 def attention(
     sim: Sim, x: int, *, arch: Arch, recipe: TraceRecipe, mask: int, held: list[int] | None = None
 ) -> int:
-    """input_layernorm + LlamaAttention.forward; eager's weights go to ``held`` when given."""
+    """LlamaAttention.forward on the normed ``x``; eager's weights go to ``held`` when given."""
     tokens, act, batch = recipe.batch * recipe.seq, recipe.act, recipe.batch
     h, q, kv = arch.hidden, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
-    normed = norm(sim, x, tokens, h, recipe)
-    query = linear(sim, normed, "self_attn.q_proj", (h, q), recipe)
-    key = linear(sim, normed, "self_attn.k_proj", (h, kv), recipe)
-    value = linear(sim, normed, "self_attn.v_proj", (h, kv), recipe)
+    query = linear(sim, x, "self_attn.q_proj", (h, q), recipe)
+    key = linear(sim, x, "self_attn.k_proj", (h, kv), recipe)
+    value = linear(sim, x, "self_attn.v_proj", (h, kv), recipe)
     query_r, key_r = rope(sim, query, act * tokens * q), rope(sim, key, act * tokens * kv)
     sim.drop(query, key)
     if recipe.attention == "eager":
@@ -234,9 +240,8 @@ def attention(
         sim.drop(lse)
     out = linear(sim, attn, "self_attn.o_proj", (q, h), recipe)
     sim.drop(attn)
-    # LlamaAttention.forward returns: its locals query/key/value_states die, then the
-    # layer rebinds hidden_states, freeing the normed input.
-    sim.drop(query_r, key_r, value, normed)
+    # LlamaAttention.forward returns: its locals query/key/value_states die.
+    sim.drop(query_r, key_r, value)
     return out
 
 
