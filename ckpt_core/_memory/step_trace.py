@@ -2,12 +2,12 @@
 
 `simulate` loads the model (bitsandbytes quantizes each block linear from a
 compute-dtype copy; PEFT's kbit preparation re-allocates every other
-parameter in fp32; adapters in fp32), allocates the optimizer states of the
-warm-up step, then replays the measured step: forward (checkpointed blocks
-keep their input only), the loss, backward (recompute, then each op's
-gradients), the optimizer step (torch's foreach AdamW holds one temporary per
-parameter for the denominator); gradients are freed by
-``zero_grad(set_to_none=True)`` or kept (``accumulate``).
+parameter in fp32; adapters in fp32), then replays a warm-up step (its
+optimizer step makes the optimizer states) and the measured step, each:
+forward (checkpointed blocks keep their input only), the loss, backward
+(recompute, then each op's gradients), the optimizer step (torch's foreach
+AdamW holds one temporary per parameter for the denominator); gradients are
+freed by ``zero_grad(set_to_none=True)`` or kept (``accumulate``).
 Op by op, the buffers are those of transformers' Llama-style decoder block,
 the same forward `ckpt_core._memory.activations` writes down (norms upcast to fp32,
 q / k / v / o and the MLP projections with their LoRA adapters, RoPE, eager
@@ -34,28 +34,25 @@ __all__ = ["TraceRecipe", "simulate"]
 def simulate(arch: Arch, tier: str, recipe: TraceRecipe) -> tuple[int, int]:
     """(peak allocated, peak reserved) of a step after a warm-up step, in bytes.
 
-    One step is replayed after the load, with the optimizer states the
-    warm-up step created already allocated and the step's output (its logits)
-    referenced until the step returns, through the optimizer step.  Replaying
-    the warm-up step too (states made in its ``optimizer.step()``,
-    ``zero_grad(set_to_none=True)`` at the next step's start) gives the same
-    peaks within 2 MiB on every shared GPU row, at twice the cost.
+    The warm-up step is replayed first: its ``optimizer.step()`` makes the
+    optimizer states, ``zero_grad(set_to_none=True)`` at the measured step's
+    start frees its gradients, and its segments stay cached, so the measured
+    step best-fits into a pool that is already full of freed blocks (the
+    steady state of every later step: a third step reserves nothing more on
+    any recorded row).  The step's output (its logits) is referenced until the
+    step returns, through the optimizer step.
     """
     sim = Sim()
     trainable = _load(sim, arch, recipe)
     sim.accumulate = recipe.accumulate
     if recipe.accumulate:
         sim.param_grads = [sim.new(size) for size in trainable]
-    state = recipe.state_bytes / 2
-    for size in trainable:  # made by the warm-up's optimizer.step()
-        if state:
-            sim.new(int(size * state))
-            sim.new(int(size * state))
+    _step(sim, arch, tier, recipe, trainable, states=True)  # the warm-up
+    if not recipe.accumulate:
+        sim.drop(*sim.param_grads)
+        sim.param_grads = []
     sim.allocator.peak_allocated = sim.allocator.allocated
-    held = _step(sim, arch, tier, recipe)
-    if recipe.foreach_temp:
-        sim.drop(*[sim.new(size) for size in trainable])
-    sim.drop(*held)
+    _step(sim, arch, tier, recipe, trainable, states=False)
     return sim.allocator.peak_allocated, sim.allocator.peak_reserved
 
 
@@ -107,7 +104,23 @@ def _load(sim: Sim, arch: Arch, recipe: TraceRecipe) -> list[int]:
     return trainable
 
 
-def _step(sim: Sim, arch: Arch, tier: str, recipe: TraceRecipe) -> list[int]:
+def _step(
+    sim: Sim, arch: Arch, tier: str, recipe: TraceRecipe, trainable: list[int], *, states: bool
+) -> None:
+    """One training step: forward, backward, ``optimizer.step()`` (making the states
+    when ``states``), then the step's output is dropped."""
+    held = _forward_backward(sim, arch, tier, recipe)
+    state = recipe.state_bytes / 2
+    if states and state:  # AdamW makes exp_avg and exp_avg_sq at its first step
+        for size in trainable:
+            sim.new(int(size * state))
+            sim.new(int(size * state))
+    if recipe.foreach_temp:
+        sim.drop(*[sim.new(size) for size in trainable])
+    sim.drop(*held)
+
+
+def _forward_backward(sim: Sim, arch: Arch, tier: str, recipe: TraceRecipe) -> list[int]:
     """One forward and backward; returns what the step's output still references."""
     tokens = recipe.batch * recipe.seq
     ids = sim.new(8 * tokens)
