@@ -41,6 +41,7 @@ class _Op:
     alias: bool
     param_grad: int
     unpacked: bool  # saved through checkpoint's hooks: freed as the backward returns
+    matmul: bool  # a cuBLAS call, forward and backward
 
 
 @dataclass(slots=True)
@@ -62,6 +63,9 @@ class Sim:
     saving: bool = True
     accumulate: bool = False  # gradients allocated before the step and kept
     param_grads: list[int] = field(default_factory=list)  # gradient tensors of parameters
+    # cuBLAS workspace autograd's device thread (a handle of its own) allocates at its
+    # first matmul and keeps: 0 once allocated (`ckpt_core._memory.workspace`).
+    blas_workspace: int = 0
     _next: int = 0
     _packs: int = 0  # pack events counted (forward) or left (recompute)
     _recomputing: bool = False
@@ -113,6 +117,7 @@ class Sim:
         backward_scratch: Sequence[int] = (),
         alias: bool = False,
         param_grad: int = 0,
+        matmul: bool = False,
     ) -> int:
         """Run an op: ``temps`` live during it; returns its output (``out`` bytes).
 
@@ -122,6 +127,7 @@ class Sim:
         backward holds ``backward_temps`` from before its input gradients are
         allocated and ``backward_scratch`` from after them (a structured
         kernel's output is allocated before its implementation's temporaries).
+        ``matmul``: a cuBLAS call (its backward's too), which may make a workspace.
         """
         grad = param_grad > 0 or any(self.info[t][1] for t in inputs)
         recording = self.saving and grad
@@ -147,6 +153,7 @@ class Sim:
                     alias,
                     param_grad,
                     self._recomputing,
+                    matmul,
                 )
             )
         if grad and save_out:
@@ -214,6 +221,11 @@ class Sim:
                     self.drop(fresh)
                 else:
                     grads[tid] = fresh
+            if node.matmul and self.blas_workspace:
+                # cuBLAS asks for the thread's workspace after the output is allocated;
+                # it is never freed, wherever best fit put it (a freed logits block).
+                self.new(self.blas_workspace)
+                self.blas_workspace = 0
             self.drop(*[self.new(size) for size in node.scratch])
             self.drop(*held)
             if node.unpacked:

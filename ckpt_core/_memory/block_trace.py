@@ -39,6 +39,7 @@ class TraceRecipe:
     foreach_temp: bool  # torch AdamW's foreach temporary
     accumulate: bool
     eager_extra: bool = True  # CUDA softmax backward's fp32 grad * output temporary
+    blas_workspace: int = 0  # one cuBLAS workspace (`ckpt_core._memory.workspace`)
 
 
 def adapted(recipe: TraceRecipe, name: str) -> bool:
@@ -59,6 +60,7 @@ def linear(sim: Sim, x: int, name: str, shape: tuple[int, int], recipe: TraceRec
             compute * tokens * fan_out,
             temps=[compute * fan_in * fan_out],
             backward_temps=[compute * fan_in * fan_out],
+            matmul=True,
         )
         if act != compute:
             base = sim.op([out], act * tokens * fan_out)
@@ -75,6 +77,7 @@ def linear(sim: Sim, x: int, name: str, shape: tuple[int, int], recipe: TraceRec
             save=[x] if trained else [],
             saves_other=True,  # the weight, for the input's gradient
             param_grad=trained,
+            matmul=True,
         )
     if not (recipe.lora_rank and adapted(recipe, name)):
         return base
@@ -122,8 +125,10 @@ def _adapter(sim: Sim, x: int, shape: tuple[int, int], recipe: TraceRecipe) -> t
     fan_in, fan_out = shape
     tokens, rank = recipe.batch * recipe.seq, recipe.lora_rank
     lora_in = sim.op([x], 4 * tokens * fan_in) if recipe.act != 4 else x
-    mid = sim.op([lora_in], 4 * tokens * rank, save=[lora_in], param_grad=4 * rank * fan_in)
-    up = sim.op([mid], 4 * tokens * fan_out, save=[mid], param_grad=4 * rank * fan_out)
+    mid = sim.op(
+        [lora_in], 4 * tokens * rank, save=[lora_in], param_grad=4 * rank * fan_in, matmul=True
+    )
+    up = sim.op([mid], 4 * tokens * fan_out, save=[mid], param_grad=4 * rank * fan_out, matmul=True)
     sim.drop(mid)
     scaled = sim.op([up], 4 * tokens * fan_out)
     sim.drop(up)

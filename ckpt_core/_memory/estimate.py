@@ -41,14 +41,12 @@ from ckpt_core._memory.param_layout import ParamLayout
 from ckpt_core._memory.peak import Recipe, allocated_moments
 from ckpt_core._memory.step_trace import TraceRecipe, simulate
 from ckpt_core._memory.transient import transient_bytes
+from ckpt_core._memory.workspace import blas_workspace_bytes
 from ckpt_core._planning.tiers import CONCRETE_TIERS
 from ckpt_core._planning.workload import Workload
 
 GIB: Final = 1 << 30
 MIB: Final = 1 << 20
-# Allocated outside the step's tensors, through the caching allocator: the smallest gap
-# between the measured and the replayed allocated peak over the shared GPU rows.
-WORKSPACE_BYTES: Final = 16 * MIB
 # bitsandbytes nf4: 4 bits per weight + an absmax per 64-weight block: fp32 by default,
 # 8-bit with double quantization (plus an fp32 scale per 256 blocks).
 NF4_BYTES_PER_WEIGHT: Final = 0.5 + 4 / 64
@@ -161,8 +159,17 @@ def optimizer_bytes_per_parameter(optimizer: str, param_bytes: int) -> float:
     return 0.0
 
 
-def recipe_for(layout: ParamLayout, workload: Workload, static: StaticMemory, step: Step) -> Recipe:
-    """The real-step facts `ckpt_core._memory.peak` and the replay need, from the recipe fields."""
+def recipe_for(
+    layout: ParamLayout,
+    workload: Workload,
+    static: StaticMemory,
+    step: Step,
+    blas_workspace: int = blas_workspace_bytes(None),
+) -> Recipe:
+    """The real-step facts `ckpt_core._memory.peak` and the replay need, from the recipe fields.
+
+    ``blas_workspace``: one cuBLAS workspace on the GPU (`ckpt_core._memory.workspace`).
+    """
     compute = DTYPE_BYTES[workload.dtype]
     logits = 0
     if workload.logits_held:
@@ -193,6 +200,7 @@ def recipe_for(layout: ParamLayout, workload: Workload, static: StaticMemory, st
         state_bytes=state_ratio,
         foreach_temp=workload.optimizer == "adamw",
         accumulate=workload.gradients == "accumulate",
+        blas_workspace=blas_workspace,
     )
     return Recipe(
         logits_bytes=logits,
@@ -233,22 +241,27 @@ def tier_memory(
     resident = static.total - static.gradients
     moments = allocated_moments(arch, step, assignment, resident, recipe)
     allocated = max(moments.values())
-    if recipe.trace is None or not replay:
+    # The cuBLAS workspaces of the Python thread and of autograd's device thread.
+    trace = recipe.trace
+    workspaces = 2 * (trace.blas_workspace if trace is not None else blas_workspace_bytes(None))
+    if trace is None or not replay:
         reserved = -(-allocated // ROUND_LARGE) * ROUND_LARGE
+        allocated += workspaces
+        reserved += workspaces
     else:
         # A tier's assignment, however it is given, is replayed as the tier: one
         # assignment, one peak (a walk that reaches every block full gets full's).
         tier = assignment if isinstance(assignment, str) else tier_named(arch, assignment)
-        simulated, reserved = simulate(arch, tier or "full", recipe.trace)
+        simulated, reserved = simulate(arch, tier or "full", trace)
         # The replay holds one whole replica: a GPU of a sharded group (its share, the
         # gathered units, the buckets) takes the closed-form peak, and the replay's
-        # fragmentation on top.
+        # fragmentation on top.  The replay allocates the workspaces itself.
         exact = tier is not None and static.total == static.replica_total
         if exact and family_of(arch).replayed_exactly(arch):
             allocated = simulated
+        else:
+            allocated += workspaces
         reserved = allocated + reserved - simulated
-    allocated += WORKSPACE_BYTES
-    reserved += WORKSPACE_BYTES
     return TierMemory(activations, transient, allocated, reserved + context_bytes)
 
 

@@ -28,6 +28,7 @@ from ckpt_core._memory.ledger import Step
 from ckpt_core._memory.param_layout import ParamLayout
 from ckpt_core._memory.peak import Recipe
 from ckpt_core._memory.sharding import per_gpu_memory
+from ckpt_core._memory.workspace import blas_workspace_bytes
 from ckpt_core._planning.workload import Workload
 
 # The attention kernel kinds of the activation model, by requested implementation.
@@ -135,7 +136,8 @@ def prepare(facts: Facts, workload: Workload, gpu: str | None = None) -> Run:
     # Per GPU of the data-parallel group (the unsharded totals ride along): issue 17.
     replica = static_memory(layout, workload, lora_parameters)
     static = per_gpu_memory(replica, arch, layout, workload)
-    return Run(facts, workload, step, static, note, recipe_for(layout, workload, static, step), gpu)
+    recipe = recipe_for(layout, workload, static, step, blas_workspace_bytes(gpu))
+    return Run(facts, workload, step, static, note, recipe, gpu)
 
 
 def activation_dtype_bytes(workload: Workload) -> int:

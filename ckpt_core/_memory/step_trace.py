@@ -34,8 +34,9 @@ __all__ = ["TraceRecipe", "simulate"]
 def simulate(arch: Arch, tier: str, recipe: TraceRecipe) -> tuple[int, int]:
     """(peak allocated, peak reserved) of a step after a warm-up step, in bytes.
 
-    The warm-up step is replayed first: its ``optimizer.step()`` makes the
-    optimizer states, ``zero_grad(set_to_none=True)`` at the measured step's
+    The warm-up step is replayed first: it makes the cuBLAS workspaces, kept
+    for good, its ``optimizer.step()`` makes the optimizer states,
+    ``zero_grad(set_to_none=True)`` at the measured step's
     start frees its gradients, and its segments stay cached, so the measured
     step best-fits into a pool that is already full of freed blocks (the
     steady state of every later step: a third step reserves nothing more on
@@ -109,7 +110,7 @@ def _step(
 ) -> None:
     """One training step: forward, backward, ``optimizer.step()`` (making the states
     when ``states``), then the step's output is dropped."""
-    held = _forward_backward(sim, arch, tier, recipe)
+    held = _forward_backward(sim, arch, tier, recipe, recipe.blas_workspace if states else 0)
     state = recipe.state_bytes / 2
     if states and state:  # AdamW makes exp_avg and exp_avg_sq at its first step
         for size in trainable:
@@ -120,8 +121,13 @@ def _step(
     sim.drop(*held)
 
 
-def _forward_backward(sim: Sim, arch: Arch, tier: str, recipe: TraceRecipe) -> list[int]:
-    """One forward and backward; returns what the step's output still references."""
+def _forward_backward(
+    sim: Sim, arch: Arch, tier: str, recipe: TraceRecipe, workspace: int
+) -> list[int]:
+    """One forward and backward; returns what the step's output still references.
+
+    ``workspace``: the first step's cuBLAS workspace per thread, kept for good.
+    """
     tokens = recipe.batch * recipe.seq
     ids = sim.new(8 * tokens)
     hidden = sim.new(recipe.residual * tokens * arch.hidden, grad=True)
@@ -130,6 +136,9 @@ def _forward_backward(sim: Sim, arch: Arch, tier: str, recipe: TraceRecipe) -> l
         if (recipe.attention == "eager")
         else sim.new(4)
     )
+    if workspace:  # the rotary embedding's `inv_freq @ position_ids`: the first cuBLAS call
+        sim.new(workspace)
+    sim.blas_workspace = workspace  # autograd's device thread: at the backward's first matmul
     layer = functools.partial(block, arch=arch, recipe=recipe, mask=mask)
     for mode in block_modes(arch, tier):
         if mode == "full":
@@ -149,6 +158,7 @@ def _forward_backward(sim: Sim, arch: Arch, tier: str, recipe: TraceRecipe) -> l
         param_grad=recipe.weights * arch.vocab * arch.hidden
         if recipe.full and not arch.tied
         else 0,
+        matmul=True,
     )
     sim.drop(normed)
     upcast = sim.op([logits], 4 * vocab) if head_bytes != 4 else logits
