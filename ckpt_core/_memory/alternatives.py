@@ -27,6 +27,7 @@ from typing import Any, Final
 
 from ckpt_core._memory.search import Candidate, auto_pick, granularity_of, tier_candidates
 from ckpt_core._memory.verdict import TIGHT_BANDS
+from ckpt_core._planning.tiers import CONCRETE_TIERS
 from ckpt_core._planning.workload import Workload
 
 MAX_ALTERNATIVES: Final = 4
@@ -153,10 +154,12 @@ def judges_for(
     def feasible(workload: Workload) -> bool:
         run = prepare(workload)
         arch, step = run.facts.arch, run.step
-        # The closed form rules most probes out without replaying the allocator; it can
-        # only say no too often (never yes), so an option offered always fits.
+        # The closed form rules most probes out without replaying the allocator: full's
+        # allocated peak is below every assignment's peak.  Past it, full is replayed
+        # first, the other tiers only when it does not fit (one can fragment less).
         if run.peak.quick().of(arch, step, "full").peak_bytes > budget:
             return False
-        return run.peak.of(arch, step, "full").peak_bytes <= budget
+        tiers = ("full", *(tier for tier in CONCRETE_TIERS if tier != "full"))
+        return any(run.peak.of(arch, step, tier).peak_bytes <= budget for tier in tiers)
 
     return judge, feasible
