@@ -45,7 +45,8 @@ def test_a_warm_up_leaves_the_other_tiers_gap_small() -> None:
 def test_blas_workspace_sizes_are_pytorchs_defaults() -> None:
     """CublasHandlePool.cpp: :4096:8 from compute capability 9 on, :4096:2:16:8 before."""
     assert blas_workspace_bytes("H200") == HOPPER_AND_LATER == 32 * MIB
-    assert blas_workspace_bytes("T4") == blas_workspace_bytes(None) == EARLIER
+    assert blas_workspace_bytes("T4") == blas_workspace_bytes("A100-80GB") == EARLIER
+    assert blas_workspace_bytes(None) == HOPPER_AND_LATER  # unnamed: the larger default
     assert EARLIER == 8 * MIB + 128 * 1024
 
 

@@ -31,5 +31,7 @@ _BY_GPU: Final[dict[str, int]] = {
 
 
 def blas_workspace_bytes(gpu: str | None) -> int:
-    """One cuBLAS workspace on ``gpu`` (a GPU-table name; None: unnamed, the pre-Hopper size)."""
-    return _BY_GPU.get(gpu or "", EARLIER)
+    """One cuBLAS workspace on ``gpu`` (a GPU-table name, or None when it is not named)."""
+    if gpu is None:
+        return HOPPER_AND_LATER  # an unnamed GPU may be a Hopper: the larger CUDA default
+    return _BY_GPU.get(gpu, EARLIER)
