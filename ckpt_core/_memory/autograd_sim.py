@@ -103,6 +103,11 @@ class Sim:
     def requires_grad(self, tid: int) -> None:
         self.info[tid] = (self.info[tid][0], True)
 
+    def hold(self, tid: int) -> int:
+        """One more reference to ``tid`` (a holder the replay does not name), dropped later."""
+        self.tensors[tid].refs += 1
+        return tid
+
     # --- forward ---
     def op(
         self,
@@ -186,8 +191,15 @@ class Sim:
         return out
 
     # --- backward ---
-    def backward(self, root: int, on_op: Callable[[], None] | None = None) -> None:
-        """Backward from the scalar ``root``: the recorded graph in reverse, then cleared."""
+    def backward(
+        self, root: int, on_op: Callable[[], None] | None = None, leaves: Sequence[int] = ()
+    ) -> list[int]:
+        """Backward from the scalar ``root``: the recorded graph in reverse, then cleared.
+
+        Returns the gradients of ``leaves`` (tensors that require grad and have no
+        history: AccumulateGrad stores them in ``.grad``), which the caller drops;
+        every other gradient left is freed as the engine returns.
+        """
         grads: dict[int, int] = {root: self.new(4)}
         while self.graph:
             node = self.graph.pop()
@@ -197,8 +209,10 @@ class Sim:
             self._backward_op(node, grads)
             if on_op is not None:
                 on_op()
+        kept = [grads.pop(tid) for tid in leaves if tid in grads]
         for tid in list(grads.values()):
             self.drop(tid)
+        return kept
 
     def _backward_op(self, node: _Op, grads: dict[int, int]) -> None:
         incoming = [grads.pop(t) for t in node.outputs if t in grads]

@@ -131,6 +131,13 @@ def _forward_backward(
     tokens = recipe.batch * recipe.seq
     ids = sim.new(8 * tokens)
     hidden = sim.new(recipe.residual * tokens * arch.hidden, grad=True)
+    # Adapters: the frozen embedding's output has no history, and PEFT training calls
+    # `model.enable_input_require_grads()` (transformers' PreTrainedModel: a forward hook
+    # doing `output.requires_grad_(True)`), so it is a leaf.  Its AccumulateGrad node
+    # holds it (torch/csrc/autograd/functions/accumulate_grad.h) and keeps its gradient
+    # in `.grad`; the graph lives as long as the step's output (`out.loss.grad_fn`), so
+    # both are freed with it, after optimizer.step(), not after the first block.
+    leaves = [] if recipe.full else [sim.hold(hidden)]
     mask = (
         sim.new(recipe.act * recipe.batch * recipe.seq * recipe.seq)
         if (recipe.attention == "eager")
@@ -169,6 +176,6 @@ def _forward_backward(
     sim.drop(log_softmax)
     if not recipe.logits:
         sim.drop(logits)
-    sim.backward(loss)
+    leaf_grads = sim.backward(loss, leaves=leaves)
     sim.drop(ids, mask)
-    return [loss, logits] if recipe.logits else [loss]
+    return [loss, logits, *leaves, *leaf_grads] if recipe.logits else [loss, *leaves, *leaf_grads]
