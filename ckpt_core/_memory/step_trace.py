@@ -167,13 +167,15 @@ def _forward_backward(
         else 0,
         matmul=True,
     )
-    sim.drop(normed)
     upcast = sim.op([logits], 4 * vocab) if head_bytes != 4 else logits
     log_softmax = sim.op([upcast], 4 * vocab, save_out=True)
     if upcast != logits:
         sim.drop(upcast)
     loss = sim.op([log_softmax], 4, save=[log_softmax])
     sim.drop(log_softmax)
+    # LlamaForCausalLM.forward computes the loss before it returns: its local
+    # `hidden_states` (and `outputs.last_hidden_state`), the final norm's output, dies then.
+    sim.drop(normed)
     if not recipe.logits:
         sim.drop(logits)
     leaf_grads = sim.backward(loss, leaves=leaves)
