@@ -144,3 +144,42 @@ def test_the_steps_output_keeps_what_it_keeps_on_meta(monkeypatch: pytest.Monkey
     sim = Sim()
     held = _forward_backward(sim, run.facts.arch, "selective", run.recipe.trace, 0)
     assert sum(sim.size(tid) for tid in held) == pytest.approx(kept, abs=64 * 1024)
+
+
+def test_a_recompute_waits_for_the_first_unpack() -> None:
+    """Non-reentrant checkpoint recomputes when a backward function first reads a saved
+    tensor: PEFT's `* scaling` and the mixed-dtype `result + lora` (the engine casts its
+    fp32 gradient to the base result's bf16) run before, as on meta (llama-3.2-1b
+    selective: the fp32 and bf16 gradients of o_proj's adapter sum, then the scaled
+    one, then the recomputed q_proj).  Tensors of 2, 4 and 8 MiB tell the order."""
+    from ckpt_core._memory.allocator import CachingAllocator
+    from ckpt_core._memory.autograd_sim import Sim
+
+    sizes: list[int] = []
+
+    class Logged(CachingAllocator):
+        def malloc(self, size: int) -> tuple[int, int]:
+            sizes.append(size // MIB)
+            return super().malloc(size)
+
+    def region(sim: Sim, x: int) -> int:
+        base = sim.op([x], 2 * MIB, saves_other=True, matmul=True)  # bf16 x @ W
+        up = sim.op([x], 4 * MIB, save=[x])  # the adapter, fp32
+        scaled = sim.op([up], 4 * MIB)  # * scaling
+        sim.drop(up)
+        total = sim.op([base, scaled], 4 * MIB, alias=True, cast=True)
+        sim.drop(base, scaled)
+        out = sim.op([total], 2 * MIB)  # .to(bf16)
+        sim.drop(total)
+        return out
+
+    sim = Sim(allocator=Logged())
+    x = sim.new(8 * MIB, grad=True)
+    out = sim.checkpoint(region, x)
+    loss = sim.op([out], 1)
+    sim.drop(out)
+    sizes.clear()
+    sim.backward(loss)
+    # the loss's gradient of out, then .to's fp32 gradient, the sum's bf16 one for base,
+    # scaled's; only then the recompute's base and adapter outputs
+    assert sizes[:6] == [0, 2, 4, 2, 4, 2]
