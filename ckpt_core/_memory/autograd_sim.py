@@ -8,11 +8,13 @@ gradients of the inputs that require one (same bytes as the input, as
 autograd's gradients have the input's dtype; ``alias`` ops pass the gradient
 through), then frees the incoming gradient and the op's saved tensors - the
 order of autograd's engine with ``retain_graph=False``.  Checkpointed regions
-record nothing in forward but their input; their backward first replays the
-region's forward with saving on (non-reentrant checkpoint's recompute), which
-stops at the region's last saved tensor (``torch.utils.checkpoint``'s early
-stop): what the region's Python code still held then is freed, and the rest
-of the region only links the graph (no allocation).
+record nothing in forward but their input; in backward, the region's last
+backward functions that read no saved tensor run first (the engine reaches
+them before the first unpack), then the region's forward is replayed with
+saving on (non-reentrant checkpoint's recompute), which stops at the region's
+last saved tensor (``torch.utils.checkpoint``'s early stop): what the region's
+Python code still held then is freed, and the rest of the region only links
+the graph (no allocation).
 
 Pure Python; sizes in bytes.
 """
@@ -42,6 +44,8 @@ class _Op:
     param_grad: int
     unpacked: bool  # saved through checkpoint's hooks: freed as the backward returns
     matmul: bool  # a cuBLAS call, forward and backward
+    unpacks: bool  # its backward reads a saved tensor (tracked or not)
+    cast: bool  # an alias op whose inputs differ in dtype: each gets a gradient of its own
 
 
 @dataclass(slots=True)
@@ -72,12 +76,18 @@ class Sim:
     _stopped: bool = False
     _locals: set[int] = field(default_factory=set)  # the recompute's live tensors
     _unwound: set[int] = field(default_factory=set)  # freed by the early stop
+    # A recompute's mallocs and frees, held back while the region's last backward
+    # functions run (`_recompute`): (handle or placeholder, bytes; None for a free).
+    _deferred: list[tuple[tuple[int, int], int | None]] | None = None
+    _pending: list[int] = field(default_factory=list)  # tensors made while deferred
 
     # --- tensors ---
     def new(self, size: int, grad: bool = False) -> int:
         tid = self._next
         self._next += 1
-        handle = None if self._stopped else self.allocator.malloc(size)
+        handle = None if self._stopped else self._malloc(size)
+        if handle is not None and self._deferred is not None:
+            self._pending.append(tid)
         self.tensors[tid] = _Tensor(handle, 1)
         self.info[tid] = (size, grad)
         if self._recomputing:
@@ -94,14 +104,46 @@ class Sim:
             tensor.refs -= 1
             if tensor.refs == 0:
                 if tensor.handle is not None:
-                    self.allocator.free(tensor.handle)
+                    self._free(tensor.handle)
                 del self.tensors[tid]
+
+    def _malloc(self, size: int) -> tuple[int, int]:
+        if self._deferred is None:
+            return self.allocator.malloc(size)
+        placeholder = (-1, len(self._deferred))  # no real segment is negative
+        self._deferred.append((placeholder, size))
+        return placeholder
+
+    def _free(self, handle: tuple[int, int]) -> None:
+        if self._deferred is None:
+            self.allocator.free(handle)
+        else:
+            self._deferred.append((handle, None))
+
+    def _replay(self, events: list[tuple[tuple[int, int], int | None]]) -> None:
+        """Make the held-back mallocs and frees, then point live tensors at their blocks."""
+        real: dict[tuple[int, int], tuple[int, int]] = {}
+        for handle, size in events:
+            if size is None:
+                self.allocator.free(real.pop(handle, handle))
+            else:
+                real[handle] = self.allocator.malloc(size)
+        for tid in self._pending:
+            tensor = self.tensors.get(tid)
+            if tensor is not None and tensor.handle is not None:
+                tensor.handle = real[tensor.handle]
+        self._pending.clear()
 
     def size(self, tid: int) -> int:
         return self.info[tid][0]
 
     def requires_grad(self, tid: int) -> None:
         self.info[tid] = (self.info[tid][0], True)
+
+    def hold(self, tid: int) -> int:
+        """One more reference to ``tid`` (a holder the replay does not name), dropped later."""
+        self.tensors[tid].refs += 1
+        return tid
 
     # --- forward ---
     def op(
@@ -116,6 +158,7 @@ class Sim:
         backward_temps: Sequence[int] = (),
         backward_scratch: Sequence[int] = (),
         alias: bool = False,
+        cast: bool = False,
         param_grad: int = 0,
         matmul: bool = False,
     ) -> int:
@@ -128,6 +171,9 @@ class Sim:
         allocated and ``backward_scratch`` from after them (a structured
         kernel's output is allocated before its implementation's temporaries).
         ``matmul``: a cuBLAS call (its backward's too), which may make a workspace.
+        ``cast`` (with ``alias``): an input of another dtype gets a gradient of its own
+        (the engine's validate_outputs casts a gradient to its input's dtype,
+        torch/csrc/autograd/engine.cpp), the others the incoming one.
         """
         grad = param_grad > 0 or any(self.info[t][1] for t in inputs)
         recording = self.saving and grad
@@ -154,6 +200,8 @@ class Sim:
                     param_grad,
                     self._recomputing,
                     matmul,
+                    bool(save or saves_other or save_out),
+                    cast,
                 )
             )
         if grad and save_out:
@@ -186,8 +234,15 @@ class Sim:
         return out
 
     # --- backward ---
-    def backward(self, root: int, on_op: Callable[[], None] | None = None) -> None:
-        """Backward from the scalar ``root``: the recorded graph in reverse, then cleared."""
+    def backward(
+        self, root: int, on_op: Callable[[], None] | None = None, leaves: Sequence[int] = ()
+    ) -> list[int]:
+        """Backward from the scalar ``root``: the recorded graph in reverse, then cleared.
+
+        Returns the gradients of ``leaves`` (tensors that require grad and have no
+        history: AccumulateGrad stores them in ``.grad``), which the caller drops;
+        every other gradient left is freed as the engine returns.
+        """
         grads: dict[int, int] = {root: self.new(4)}
         while self.graph:
             node = self.graph.pop()
@@ -197,8 +252,10 @@ class Sim:
             self._backward_op(node, grads)
             if on_op is not None:
                 on_op()
+        kept = [grads.pop(tid) for tid in leaves if tid in grads]
         for tid in list(grads.values()):
             self.drop(tid)
+        return kept
 
     def _backward_op(self, node: _Op, grads: dict[int, int]) -> None:
         incoming = [grads.pop(t) for t in node.outputs if t in grads]
@@ -212,7 +269,8 @@ class Sim:
                 size, grad = self.info[tid]
                 if not grad:
                     continue
-                if node.alias and tid not in grads:
+                cast = node.cast and size != self.size(node.outputs[0])
+                if node.alias and tid not in grads and not cast:
                     grads[tid] = incoming[0]
                     self.tensors[incoming[0]].refs += 1
                     continue
@@ -242,13 +300,21 @@ class Sim:
         self.graph = []
         self.requires_grad(node.inputs)
         self._recomputing, self._stopped, self._packs = True, False, node.packs
+        self._deferred = []
         out = node.region(self, node.inputs)
+        events, self._deferred = self._deferred, None
         self._recomputing = self._stopped = False
         self._locals.clear()
         self._unwound.clear()
         if node.output in grads:
             grads[out] = grads.pop(node.output)
         inner, self.graph = self.graph, outer
+        # The engine reaches the region's last backward functions first; those that read
+        # no saved tensor (a cast, an add, PEFT's `* scaling`) run before the first unpack
+        # starts the recompute (torch/utils/checkpoint.py _checkpoint_hook.unpack_hook).
+        while inner and isinstance(inner[-1], _Op) and not inner[-1].unpacks:
+            self._backward_op(inner.pop(), grads)
+        self._replay(events)
         self.drop(out)
         while inner:
             item = inner.pop()

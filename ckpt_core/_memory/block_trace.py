@@ -87,7 +87,7 @@ def linear(sim: Sim, x: int, name: str, shape: tuple[int, int], recipe: TraceRec
     # return; `result = result + lora_B(lora_A(dropout(x))) * scaling` frees lora_A's
     # output when lora_B returns, then the product, then the base result.
     lora_in, scaled = _adapter(sim, x, shape, recipe)
-    total = sim.op([base, scaled], 4 * tokens * fan_out, alias=True)
+    total = sim.op([base, scaled], 4 * tokens * fan_out, alias=True, cast=True)
     sim.drop(scaled, base)
     out = sim.op([total], act * tokens * fan_out) if act != 4 else total
     if out != total:

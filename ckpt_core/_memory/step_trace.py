@@ -131,6 +131,13 @@ def _forward_backward(
     tokens = recipe.batch * recipe.seq
     ids = sim.new(8 * tokens)
     hidden = sim.new(recipe.residual * tokens * arch.hidden, grad=True)
+    # Adapters: the frozen embedding's output has no history, and PEFT training calls
+    # `model.enable_input_require_grads()` (transformers' PreTrainedModel: a forward hook
+    # doing `output.requires_grad_(True)`), so it is a leaf.  Its AccumulateGrad node
+    # holds it (torch/csrc/autograd/functions/accumulate_grad.h) and keeps its gradient
+    # in `.grad`; the graph lives as long as the step's output (`out.loss.grad_fn`), so
+    # both are freed with it, after optimizer.step(), not after the first block.
+    leaves = [] if recipe.full else [sim.hold(hidden)]
     mask = (
         sim.new(recipe.act * recipe.batch * recipe.seq * recipe.seq)
         if (recipe.attention == "eager")
@@ -160,15 +167,17 @@ def _forward_backward(
         else 0,
         matmul=True,
     )
-    sim.drop(normed)
     upcast = sim.op([logits], 4 * vocab) if head_bytes != 4 else logits
     log_softmax = sim.op([upcast], 4 * vocab, save_out=True)
     if upcast != logits:
         sim.drop(upcast)
     loss = sim.op([log_softmax], 4, save=[log_softmax])
     sim.drop(log_softmax)
+    # LlamaForCausalLM.forward computes the loss before it returns: its local
+    # `hidden_states` (and `outputs.last_hidden_state`), the final norm's output, dies then.
+    sim.drop(normed)
     if not recipe.logits:
         sim.drop(logits)
-    sim.backward(loss)
+    leaf_grads = sim.backward(loss, leaves=leaves)
     sim.drop(ids, mask)
-    return [loss, logits] if recipe.logits else [loss]
+    return [loss, logits, *leaves, *leaf_grads] if recipe.logits else [loss, *leaves, *leaf_grads]
