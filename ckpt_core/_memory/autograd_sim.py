@@ -97,6 +97,10 @@ class Sim:
                     self.allocator.free(tensor.handle)
                 del self.tensors[tid]
 
+    def hold(self, tid: int) -> None:
+        """One more reference (a second name or an autograd node); `drop` lets go of it."""
+        self.tensors[tid].refs += 1
+
     def size(self, tid: int) -> int:
         return self.info[tid][0]
 

@@ -25,7 +25,8 @@ import functools
 from ckpt_core._memory.activations import block_modes
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.autograd_sim import Sim
-from ckpt_core._memory.block_trace import TraceRecipe, adapted, block, norm
+from ckpt_core._memory.block_trace import TraceRecipe, adapted
+from ckpt_core._memory.families import family_of
 
 __all__ = ["TraceRecipe", "simulate"]
 
@@ -129,25 +130,26 @@ def _forward_backward(
     ``workspace``: the first step's cuBLAS workspace per thread, kept for good.
     """
     tokens = recipe.batch * recipe.seq
+    model = family_of(arch).trace(arch)
     ids = sim.new(8 * tokens)
-    hidden = sim.new(recipe.residual * tokens * arch.hidden, grad=True)
-    mask = (
-        sim.new(recipe.act * recipe.batch * recipe.seq * recipe.seq)
-        if (recipe.attention == "eager")
-        else sim.new(4)
-    )
-    if workspace:  # the rotary embedding's `inv_freq @ position_ids`: the first cuBLAS call
-        sim.new(workspace)
+    inputs = model.prepare(sim, arch, recipe, workspace)
     sim.blas_workspace = workspace  # autograd's device thread: at the backward's first matmul
-    layer = functools.partial(block, arch=arch, recipe=recipe, mask=mask)
-    for mode in block_modes(arch, tier):
+    hidden = inputs.hidden
+    modes = block_modes(arch, tier)
+    for index, mode in enumerate(modes):
+        layer = functools.partial(model.block, arch=arch, recipe=recipe, inputs=inputs, index=index)
         if mode == "full":
             out = sim.checkpoint(layer, hidden)
         else:
             out = layer(sim, hidden, selective=mode == "selective")
         sim.drop(hidden)
         hidden = out
-    normed = norm(sim, hidden, tokens, arch.hidden, recipe)
+    held = inputs.step_held
+    if all(mode == "off" for mode in modes):  # no recompute reads them: they die here
+        sim.drop(*inputs.forward_held)
+    else:
+        held += inputs.forward_held
+    normed = model.norm(sim, hidden, tokens, arch.hidden, recipe)
     sim.drop(hidden)
     vocab = tokens * arch.vocab
     head_bytes = recipe.logits or recipe.act
@@ -170,5 +172,5 @@ def _forward_backward(
     if not recipe.logits:
         sim.drop(logits)
     sim.backward(loss)
-    sim.drop(ids, mask)
+    sim.drop(ids, *held)
     return [loss, logits] if recipe.logits else [loss]
