@@ -338,10 +338,14 @@ def _block_flops(arch: Arch, step: Step, kind: BlockKind) -> BlockFlops:
     )
 
 
+def _gemma3(arch: Arch) -> bool:
+    return arch.model_type in ("gemma3_text", "gemma3")
+
+
 def _trace(arch: Arch) -> TraceModel:
     """Gemma 3's layers (sandwich and q / k norms, sliding masks) are replayed as its own;
     every other decoder as Llama's block at its sizes."""
-    return GEMMA3 if arch.model_type in ("gemma3_text", "gemma3") else LLAMA
+    return GEMMA3 if _gemma3(arch) else LLAMA
 
 
 FAMILY = Family(
@@ -371,5 +375,5 @@ FAMILY = Family(
     no_sdpa=frozenset({"gemma2"}),  # softcapping: transformers falls back to eager
     no_flash=frozenset({"gemma3"}),
     trace=_trace,
-    replayed_exactly=lambda arch: not arch.is_moe and not arch.sandwich,
+    replayed_exactly=lambda arch: not arch.is_moe and (not arch.sandwich or _gemma3(arch)),
 )
