@@ -12,8 +12,11 @@ Op by op, the buffers are those of transformers' Llama-style decoder block,
 the same forward `ckpt_core._memory.activations` writes down (norms upcast to fp32,
 q / k / v / o and the MLP projections with their LoRA adapters, RoPE, eager
 attention's scores and fp32 softmax or a fused kernel, SwiGLU), so the
-reserved pool (`CachingAllocator`) follows from the mechanism.  Other
-families are replayed with the same block at their sizes.
+reserved pool (`CachingAllocator`) follows from the mechanism.  Gemma 3 is
+replayed as its own forward (sandwich and q / k norms, scaled embeddings,
+sliding-window masks, two rotary tables: `block_trace.GEMMA3`); the model's
+family chooses (`Family.trace`), and other families are replayed with the
+Llama block at their sizes.
 
 Pure Python; results cached per (architecture, step, tier, recipe).
 """
