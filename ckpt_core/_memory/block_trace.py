@@ -313,13 +313,15 @@ class Inputs:
     read; ``step_held``: dropped when the backward is done (what the graph or a
     checkpoint still references to the end); ``forward_held``: dropped before
     the head when no block is checkpointed (nothing saves them), else with
-    ``step_held`` (the checkpoints' recomputes read them).
+    ``step_held`` (the checkpoints' recomputes read them); ``mask`` is then the
+    full-attention layers' (-1: none) and ``sliding_mask`` the sliding ones'.
     """
 
     hidden: int
     mask: int
     step_held: tuple[int, ...] = ()
     forward_held: tuple[int, ...] = ()
+    sliding_mask: int | None = None  # the sliding-window layers' mask, when they have one
 
 
 @dataclass(frozen=True, slots=True)
@@ -409,29 +411,17 @@ def _gemma3_prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) -
     Gemma3TextScaledWordEmbedding: ``embedding(ids) * embed_scale`` (the lookup dies
     at once); ``enable_input_require_grads`` makes the product a leaf that requires
     grad, which its AccumulateGrad node references until the backward is done.
-    ``create_sliding_window_causal_mask``: sdpa takes no mask for the full-attention
-    layers (``is_causal``), a boolean one for the sliding layers when the window is
-    shorter than the sequence (masking_utils.sdpa_mask: two comparisons and two
-    ``&``).  Then the global and the local rotary embeddings (Gemma3RotaryEmbedding:
-    fp32 ``freqs``, ``emb = cat(freqs, freqs)``, ``cos() * attention_scaling`` and
-    ``sin() * ...``, cast to the hidden dtype), referenced by every layer's RoPE.
+    The masks (`_gemma3_masks`), then the global and the local rotary embeddings
+    (Gemma3RotaryEmbedding: fp32 ``freqs``, ``emb = cat(freqs, freqs)``,
+    ``cos() * attention_scaling`` and ``sin() * ...``, cast to the hidden dtype),
+    referenced by every layer's RoPE.
     """
     batch, seq, h, d = recipe.batch, recipe.seq, arch.hidden, arch.head_dim
     lookup = sim.new(recipe.residual * batch * seq * h)
     hidden = sim.new(recipe.residual * batch * seq * h, grad=True)
     sim.drop(lookup)
     sim.hold(hidden)
-    mask = sim.new(4)
-    forward_held: tuple[int, ...] = ()
-    if _window_masked(arch, recipe):
-        sim.drop(mask)
-        after = sim.new(seq * seq)  # kv_idx > q_idx - window: the sliding overlay
-        causal = sim.new(seq * seq)
-        sim.drop(after)
-        before = sim.new(seq * seq)  # kv_idx <= q_idx: the causal function
-        mask = sim.new(seq * seq)
-        sim.drop(before, causal)
-        forward_held = (mask,)
+    full, sliding = _gemma3_masks(sim, arch, recipe)
     if workspace:  # the rotary embedding's `inv_freq @ position_ids`: the first cuBLAS call
         sim.new(workspace)
     tables: list[int] = []
@@ -446,8 +436,44 @@ def _gemma3_prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) -
         sim.drop(sin)
         tables += [sim.new(recipe.residual * batch * seq * d) for _ in ("cos", "sin")]
         sim.drop(freqs, emb, cos_scaled, sin_scaled)
+    masks = tuple(mask for mask in dict.fromkeys((full, sliding)) if mask is not None)
     # The leaf embedding outlives the first layer: held until the backward is done.
-    return Inputs(hidden, mask, step_held=(hidden, *tables), forward_held=forward_held)
+    return Inputs(
+        hidden,
+        full if full is not None else -1,
+        step_held=(hidden, *tables),
+        forward_held=masks,
+        sliding_mask=sliding,
+    )
+
+
+def _gemma3_masks(sim: Sim, arch: Arch, recipe: TraceRecipe) -> tuple[int | None, int | None]:
+    """``create_causal_mask`` then ``create_sliding_window_causal_mask``: (full, sliding).
+
+    sdpa: no mask for the full-attention layers (``is_causal``), a boolean one for the
+    sliding layers once the window is no longer than the sequence (masking_utils.sdpa_mask:
+    two comparisons and two ``&``).  Eager (masking_utils.eager_mask): both made, the
+    boolean one turned into a float mask per sample (``torch.where``).
+    """
+    seq, eager = recipe.seq, recipe.attention == "eager"
+    float_bytes = recipe.act * recipe.batch * seq * seq
+    full = None
+    if eager:
+        causal = sim.new(seq * seq)  # kv_idx <= q_idx
+        full = sim.new(float_bytes)
+        sim.drop(causal)
+    if not (eager or _window_masked(arch, recipe)):
+        return full, None
+    after = sim.new(seq * seq)  # kv_idx > q_idx - window: the sliding overlay
+    causal = sim.new(seq * seq)
+    sim.drop(after)
+    before = sim.new(seq * seq)  # kv_idx <= q_idx: the causal function
+    sliding = sim.new(seq * seq)
+    sim.drop(before, causal)
+    if eager:
+        boolean, sliding = sliding, sim.new(float_bytes)
+        sim.drop(boolean)
+    return full, sliding
 
 
 def gemma3_block(
@@ -466,13 +492,18 @@ def gemma3_block(
     tokens, res = recipe.batch * recipe.seq, recipe.residual
     h = arch.hidden
     sliding = bool(arch.sliding_layers) and arch.sliding_layers[index]
-    mask = inputs.mask if sliding and _window_masked(arch, recipe) else None
+    mask = inputs.sliding_mask if sliding else inputs.mask
+    # `hidden_states, _ = self.self_attn(...)` keeps eager attention's weights
+    # referenced until the layer returns.
+    weights: list[int] = []
     normed_in = gemma_norm(sim, x, tokens, h, recipe, dtype=res)
 
-    def attend(s: Sim, y: int) -> int:
-        return gemma3_attention(s, y, arch=arch, recipe=recipe, mask=mask)
+    def attend(s: Sim, y: int, held: list[int] | None = None) -> int:
+        return gemma3_attention(
+            s, y, arch=arch, recipe=recipe, mask=None if mask == -1 else mask, held=held
+        )
 
-    out = sim.checkpoint(attend, normed_in) if selective else attend(sim, normed_in)
+    out = sim.checkpoint(attend, normed_in) if selective else attend(sim, normed_in, weights)
     sim.drop(normed_in)
     post = gemma_norm(sim, out, tokens, h, recipe, dtype=res)
     sim.drop(out)
@@ -484,15 +515,25 @@ def gemma3_block(
     post = gemma_norm(sim, down, tokens, h, recipe, dtype=res)
     sim.drop(down)
     out = sim.op([mid, post], res * tokens * h, alias=True)
-    sim.drop(post, mid)  # rebinding, then the local `residual`
+    sim.drop(post, mid, *weights)  # rebinding, then the locals `residual` and `_`
     return out
 
 
-def gemma3_attention(sim: Sim, x: int, *, arch: Arch, recipe: TraceRecipe, mask: int | None) -> int:
-    """Gemma3Attention.forward with sdpa on the normed ``x``: q / k / v, q_norm and
-    k_norm over (batch, heads, seq, head_dim), RoPE, then the fused kernel; a sliding
-    layer's boolean ``mask`` becomes a new additive one in the activation dtype
-    (attention.cpp convert_boolean_attn_mask), which the kernel saves for backward."""
+def gemma3_attention(
+    sim: Sim,
+    x: int,
+    *,
+    arch: Arch,
+    recipe: TraceRecipe,
+    mask: int | None,
+    held: list[int] | None = None,
+) -> int:
+    """Gemma3Attention.forward on the normed ``x``: q / k / v, q_norm and k_norm over
+    (batch, heads, seq, head_dim), RoPE, then attention.  sdpa: a sliding layer's
+    boolean ``mask`` becomes a new additive one in the activation dtype (attention.cpp
+    convert_boolean_attn_mask), which the fused kernel saves for backward.  Eager:
+    Gemma 3's eager_attention_forward is Llama's (`_eager`; no softcapping in Gemma 3
+    checkpoints), its weights go to ``held`` when given."""
     tokens, act, batch = recipe.batch * recipe.seq, recipe.act, recipe.batch
     h, d = arch.hidden, arch.head_dim
     q, kv = arch.heads * d, arch.kv_heads * d
@@ -505,15 +546,22 @@ def gemma3_attention(sim: Sim, x: int, *, arch: Arch, recipe: TraceRecipe, mask:
     sim.drop(key)
     query_r, key_r = rope(sim, query_n, act * tokens * q), rope(sim, key_n, act * tokens * kv)
     sim.drop(query_n, key_n)
-    bias = [sim.new(act * batch * recipe.seq * recipe.seq)] if mask is not None else []
-    lse = sim.new(4 * batch * arch.heads * recipe.seq)
-    attn = sim.op(
-        [query_r, key_r, value],
-        act * tokens * q,
-        save=[query_r, key_r, value, lse, *bias],
-        save_out=True,
-    )
-    sim.drop(lse, *bias)
+    if recipe.attention == "eager" and mask is not None:
+        attn, weights = _eager(sim, query_r, key_r, value, arch=arch, recipe=recipe, mask=mask)
+        if held is None:
+            sim.drop(weights)
+        else:
+            held.append(weights)
+    else:
+        bias = [sim.new(act * batch * recipe.seq * recipe.seq)] if mask is not None else []
+        lse = sim.new(4 * batch * arch.heads * recipe.seq)
+        attn = sim.op(
+            [query_r, key_r, value],
+            act * tokens * q,
+            save=[query_r, key_r, value, lse, *bias],
+            save_out=True,
+        )
+        sim.drop(lse, *bias)
     out = linear(sim, attn, "self_attn.o_proj", (q, h), recipe)
     sim.drop(attn)
     sim.drop(query_r, key_r, value)

@@ -348,6 +348,14 @@ def _trace(arch: Arch) -> TraceModel:
     return GEMMA3 if _gemma3(arch) else LLAMA
 
 
+def _replayed_exactly(arch: Arch) -> bool:
+    """Llama-style dense decoders, and Gemma 3 without logit softcapping (which its
+    checkpoints leave off and the replay does not run)."""
+    if _gemma3(arch):
+        return not (arch.attn_softcap or arch.final_softcap)
+    return not arch.is_moe and not arch.sandwich
+
+
 FAMILY = Family(
     name="decoder",
     model_types=(
@@ -375,5 +383,5 @@ FAMILY = Family(
     no_sdpa=frozenset({"gemma2"}),  # softcapping: transformers falls back to eager
     no_flash=frozenset({"gemma3"}),
     trace=_trace,
-    replayed_exactly=lambda arch: not arch.is_moe and (not arch.sandwich or _gemma3(arch)),
+    replayed_exactly=_replayed_exactly,
 )
