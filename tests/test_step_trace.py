@@ -184,3 +184,15 @@ def test_a_recompute_waits_for_the_first_unpack() -> None:
     # the loss's gradient of out, then .to's fp32 gradient, the sum's bf16 one for base,
     # scaled's; only then the recompute's base and adapter outputs
     assert sizes[:6] == [0, 2, 4, 2, 4, 2]
+
+
+def test_gemma3_selective_strands_one_more_fp32_logits_segment_at_8192() -> None:
+    """gemma-3-1b LoRA s8192 on an H200: selective reserved 8458 MiB above its allocated
+    peak (one more fp32-logits segment: 8192 x 262144 x 4 B = 8 GiB), off / medium / full
+    201-486 MiB.  Replayed as Gemma 3's own layers (sandwich and q / k norms, the sliding
+    layers' sdpa masks), selective's pool leaves no freed block the measured step's loss
+    can take the fp32 logits from; a Llama block at Gemma's sizes left one (295 MiB)."""
+    fp32_logits = 8192 * 262144 * 4
+    assert reserve_gap("gemma-3-1b", "selective", gpu="H200", seq_len=8192) > fp32_logits
+    for tier in ("off", "medium", "full"):
+        assert reserve_gap("gemma-3-1b", tier, gpu="H200", seq_len=8192) < fp32_logits // 8

@@ -78,7 +78,7 @@ ASSUMPTIONS: Final[dict[str, str]] = {
     "logits": "logits_held: the step's output (its logits) stays referenced until the step "
     "ends, as `out = model(...); out.loss.backward()`",
     "allocated": "max over the step's moments (loss backward, each block's recompute and "
-    "backward, optimizer step), replayed op by op for Llama-style decoders; 16 MiB of "
+    "backward, optimizer step), replayed op by op for Llama-style decoders and Gemma 3; 16 MiB of "
     "library workspaces",
     "process": "CUDA context (measured per GPU where known, else an allowance) + the caching "
     "allocator's reserved pool, replayed with its rounding (512 B), pools (<= 1 MiB from 2 MiB "

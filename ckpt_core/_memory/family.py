@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckpt_core._memory.arch import Arch, BlockKind
+from ckpt_core._memory.block_trace import LLAMA, TraceModel
 from ckpt_core._memory.costs import BlockFlops
 from ckpt_core._memory.ledger import BlockMode, Ledger, Step
 from ckpt_core._memory.param_layout import ParamLayout
@@ -38,9 +39,11 @@ class Family:
       than taking them in the dtype (BERT, T5);
     - ``no_sdpa`` / ``no_flash``: model types whose classes transformers runs
       without sdpa / flash attention (checked against the classes by a test);
-    - ``replayed_exactly(arch)``: the allocator replay's block (Llama-style) is
-      this model's own, so its allocated peak is taken from the replay; other
-      models take only the replay's fragmentation.
+    - ``trace(arch)``: the forward the allocator replay runs around and in its
+      blocks (`ckpt_core._memory.block_trace.TraceModel`; Llama-style unless said);
+    - ``replayed_exactly(arch)``: the replay's ``trace`` is this model's own
+      forward, so its allocated peak is taken from the replay; other models
+      take only the replay's fragmentation.
     """
 
     name: str
@@ -57,6 +60,7 @@ class Family:
     loss_in_fp32: bool = True
     no_sdpa: frozenset[str] = frozenset()
     no_flash: frozenset[str] = frozenset()
+    trace: Callable[[Arch], TraceModel] = lambda arch: LLAMA
     replayed_exactly: Callable[[Arch], bool] = lambda arch: False
 
 

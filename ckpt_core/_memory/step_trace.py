@@ -12,8 +12,11 @@ Op by op, the buffers are those of transformers' Llama-style decoder block,
 the same forward `ckpt_core._memory.activations` writes down (norms upcast to fp32,
 q / k / v / o and the MLP projections with their LoRA adapters, RoPE, eager
 attention's scores and fp32 softmax or a fused kernel, SwiGLU), so the
-reserved pool (`CachingAllocator`) follows from the mechanism.  Other
-families are replayed with the same block at their sizes.
+reserved pool (`CachingAllocator`) follows from the mechanism.  Gemma 3 is
+replayed as its own forward (sandwich and q / k norms, scaled embeddings,
+sliding-window masks, two rotary tables: `block_trace.GEMMA3`); the model's
+family chooses (`Family.trace`), and other families are replayed with the
+Llama block at their sizes.
 
 Pure Python; results cached per (architecture, step, tier, recipe).
 """
@@ -25,7 +28,8 @@ import functools
 from ckpt_core._memory.activations import block_modes
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.autograd_sim import Sim
-from ckpt_core._memory.block_trace import TraceRecipe, adapted, block, norm
+from ckpt_core._memory.block_trace import TraceRecipe, adapted
+from ckpt_core._memory.families import family_of
 
 __all__ = ["TraceRecipe", "simulate"]
 
@@ -129,32 +133,33 @@ def _forward_backward(
     ``workspace``: the first step's cuBLAS workspace per thread, kept for good.
     """
     tokens = recipe.batch * recipe.seq
+    model = family_of(arch).trace(arch)
     ids = sim.new(8 * tokens)
-    hidden = sim.new(recipe.residual * tokens * arch.hidden, grad=True)
+    inputs = model.prepare(sim, arch, recipe, workspace)
     # Adapters: the frozen embedding's output has no history, and PEFT training calls
     # `model.enable_input_require_grads()` (transformers' PreTrainedModel: a forward hook
     # doing `output.requires_grad_(True)`), so it is a leaf.  Its AccumulateGrad node
     # holds it (torch/csrc/autograd/functions/accumulate_grad.h) and keeps its gradient
     # in `.grad`; the graph lives as long as the step's output (`out.loss.grad_fn`), so
     # both are freed with it, after optimizer.step(), not after the first block.
-    leaves = [] if recipe.full else [sim.hold(hidden)]
-    mask = (
-        sim.new(recipe.act * recipe.batch * recipe.seq * recipe.seq)
-        if (recipe.attention == "eager")
-        else sim.new(4)
-    )
-    if workspace:  # the rotary embedding's `inv_freq @ position_ids`: the first cuBLAS call
-        sim.new(workspace)
+    leaves = [] if recipe.full else [sim.hold(inputs.hidden)]
     sim.blas_workspace = workspace  # autograd's device thread: at the backward's first matmul
-    layer = functools.partial(block, arch=arch, recipe=recipe, mask=mask)
-    for mode in block_modes(arch, tier):
+    hidden = inputs.hidden
+    modes = block_modes(arch, tier)
+    for index, mode in enumerate(modes):
+        layer = functools.partial(model.block, arch=arch, recipe=recipe, inputs=inputs, index=index)
         if mode == "full":
             out = sim.checkpoint(layer, hidden)
         else:
             out = layer(sim, hidden, selective=mode == "selective")
         sim.drop(hidden)
         hidden = out
-    normed = norm(sim, hidden, tokens, arch.hidden, recipe)
+    held = inputs.step_held
+    if all(mode == "off" for mode in modes):  # no recompute reads them: they die here
+        sim.drop(*inputs.forward_held)
+    else:
+        held += inputs.forward_held
+    normed = model.norm(sim, hidden, tokens, arch.hidden, recipe)
     sim.drop(hidden)
     vocab = tokens * arch.vocab
     head_bytes = recipe.logits or recipe.act
@@ -179,5 +184,5 @@ def _forward_backward(
     if not recipe.logits:
         sim.drop(logits)
     leaf_grads = sim.backward(loss, leaves=leaves)
-    sim.drop(ids, mask)
+    sim.drop(ids, *held)
     return [loss, logits, *leaves, *leaf_grads] if recipe.logits else [loss, *leaves, *leaf_grads]

@@ -24,6 +24,7 @@ from ckpt_core._memory.arch import (
     read_window,
 )
 from ckpt_core._memory.attention import attention_core, mask_bytes, mask_kind, rope_tables
+from ckpt_core._memory.block_trace import GEMMA3, LLAMA, TraceModel
 from ckpt_core._memory.costs import (
     BlockFlops,
     attention_block_flops,
@@ -337,6 +338,24 @@ def _block_flops(arch: Arch, step: Step, kind: BlockKind) -> BlockFlops:
     )
 
 
+def _gemma3(arch: Arch) -> bool:
+    return arch.model_type in ("gemma3_text", "gemma3")
+
+
+def _trace(arch: Arch) -> TraceModel:
+    """Gemma 3's layers (sandwich and q / k norms, sliding masks) are replayed as its own;
+    every other decoder as Llama's block at its sizes."""
+    return GEMMA3 if _gemma3(arch) else LLAMA
+
+
+def _replayed_exactly(arch: Arch) -> bool:
+    """Llama-style dense decoders, and Gemma 3 without logit softcapping (which its
+    checkpoints leave off and the replay does not run)."""
+    if _gemma3(arch):
+        return not (arch.attn_softcap or arch.final_softcap)
+    return not arch.is_moe and not arch.sandwich
+
+
 FAMILY = Family(
     name="decoder",
     model_types=(
@@ -363,5 +382,6 @@ FAMILY = Family(
     head_flops=lm_head_flops,
     no_sdpa=frozenset({"gemma2"}),  # softcapping: transformers falls back to eager
     no_flash=frozenset({"gemma3"}),
-    replayed_exactly=lambda arch: not arch.is_moe and not arch.sandwich,
+    trace=_trace,
+    replayed_exactly=_replayed_exactly,
 )
