@@ -78,13 +78,14 @@ ASSUMPTIONS: Final[dict[str, str]] = {
     "logits": "logits_held: the step's output (its logits) stays referenced until the step "
     "ends, as `out = model(...); out.loss.backward()`",
     "allocated": "max over the step's moments (loss backward, each block's recompute and "
-    "backward, optimizer step), replayed op by op for Llama-style decoders and Gemma 3; 16 MiB of "
-    "library workspaces",
+    "backward, optimizer step), replayed op by op for Llama-style decoders and Gemma 3; plus "
+    "two cuBLAS workspaces (the Python thread's and autograd's: 32 MiB each from compute "
+    "capability 9 and for an unnamed GPU, 8.125 MiB before)",
     "process": "CUDA context (measured per GPU where known, else an allowance) + the caching "
     "allocator's reserved pool, replayed with its rounding (512 B), pools (<= 1 MiB from 2 MiB "
     "segments; 20 MiB segments below 10 MiB; else rounded to 2 MiB), best-fit splitting and "
-    "caching, over the measured step after the load (the warm-up step's optimizer states "
-    "allocated)",
+    "caching, over the load, a warm-up step and the step itself (a job's second step reuses "
+    "the first one's cached segments)",
 }
 
 
