@@ -154,12 +154,16 @@ def judges_for(
     def feasible(workload: Workload) -> bool:
         run = prepare(workload)
         arch, step = run.facts.arch, run.step
-        # The closed form rules most probes out without replaying the allocator: full's
-        # allocated peak is below every assignment's peak.  Past it, full is replayed
-        # first, the other tiers only when it does not fit (one can fragment less).
-        if run.peak.quick().of(arch, step, "full").peak_bytes > budget:
-            return False
+        # The closed form (a tier's allocated peak, no replay) rules most probes out
+        # without replaying the allocator; it can only say no too often, never yes.  Full
+        # is replayed first, another tier only when full does not fit (it can fragment
+        # less) and its closed form does.
+        quick = run.peak.quick()
         tiers = ("full", *(tier for tier in CONCRETE_TIERS if tier != "full"))
-        return any(run.peak.of(arch, step, tier).peak_bytes <= budget for tier in tiers)
+        return any(
+            quick.of(arch, step, tier).peak_bytes <= budget
+            and run.peak.of(arch, step, tier).peak_bytes <= budget
+            for tier in tiers
+        )
 
     return judge, feasible
