@@ -24,6 +24,7 @@ import argparse
 import json
 import sys
 import tempfile
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Final
 
@@ -161,11 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     from ckpt_core._configs.model_config import load_model_config
 
     config = dict(load_model_config(model_input(args.model)).config)
-    if args.weights is None:
-        with tempfile.TemporaryDirectory() as folder:
-            measured, versions = _measure_step(args, config, Path(folder))
-    else:
-        measured, versions = _measure_step(args, config, args.weights)
+    weights = tempfile.TemporaryDirectory() if args.weights is None else nullcontext(args.weights)
+    with weights as folder:
+        measured, versions = _measure_step(args, config, Path(folder))
     gpu = torch.cuda.get_device_name()
     append_row(args.out, build_row(args, config, measured, gpu, versions))
     print(json.dumps(measured, indent=1))
@@ -188,7 +187,9 @@ def saved_random_weights(config: dict[str, Any], folder: Path, dtype: Any) -> Pa
     return folder
 
 
-def prepared_model(args: argparse.Namespace, config: dict[str, Any], weights: Path, device: str):
+def prepared_model(
+    args: argparse.Namespace, config: dict[str, Any], weights: Path, device: str
+) -> Any:
     """The model with the recipe and the tier applied, on ``device``, in training mode."""
     import torch
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
@@ -235,7 +236,9 @@ def training_step(model: Any, optimizer: Any, ids: Any) -> float:
     return float(out.loss.detach())
 
 
-def _measure_step(args: argparse.Namespace, config: dict[str, Any], weights: Path):
+def _measure_step(
+    args: argparse.Namespace, config: dict[str, Any], weights: Path
+) -> tuple[dict[str, Any], dict[str, str]]:
     """Build, prepare, warm up and measure one step on the current CUDA device."""
     import peft
     import torch

@@ -43,9 +43,10 @@ def simulate(arch: Arch, tier: str, recipe: TraceRecipe) -> tuple[int, int]:
     ``zero_grad(set_to_none=True)`` at the measured step's
     start frees its gradients, and its segments stay cached, so the measured
     step best-fits into a pool that is already full of freed blocks (the
-    steady state of every later step: a third step reserves nothing more on
-    any recorded row).  The step's output (its logits) is referenced until the
-    step returns, through the optimizer step.
+    steady state of every later step: replayed for the workload of every
+    recorded GPU row, a third step reserves nothing more).  The step's output
+    (its logits) is referenced until the step returns, through the optimizer
+    step.
     """
     sim = Sim()
     trainable = _load(sim, arch, recipe)
