@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from ckpt_core._memory.allocator import MIB
+from ckpt_core._memory.estimate import tier_memory
 from ckpt_core._memory.inputs import model_facts, parse_workload, prepare
 from ckpt_core._memory.step_trace import simulate
 from ckpt_core._memory.workspace import EARLIER, HOPPER_AND_LATER, blas_workspace_bytes
@@ -196,3 +197,29 @@ def test_gemma3_selective_strands_one_more_fp32_logits_segment_at_8192() -> None
     assert reserve_gap("gemma-3-1b", "selective", gpu="H200", seq_len=8192) > fp32_logits
     for tier in ("off", "medium", "full"):
         assert reserve_gap("gemma-3-1b", tier, gpu="H200", seq_len=8192) < fp32_logits // 8
+
+
+def _eager_allocated(dtype: str, tier: str, *, replay: bool = True) -> int:
+    """llama-3.1-8b LoRA eager seq 4096: the replayed (or the closed-form) allocated peak."""
+    workload = {"seq_len": 4096, "dtype": dtype, "attention": "eager", "method": "lora"}
+    run = prepare(model_facts({"preset": "llama-3.1-8b"}), parse_workload(workload), "A100-80GB")
+    assert run.recipe.trace is not None
+    if replay:
+        return simulate(run.facts.arch, tier, run.recipe.trace)[0]
+    memory = tier_memory(run.facts.arch, run.step, tier, run.static, run.recipe, replay=False)
+    return memory.allocated_bytes
+
+
+def test_bf16_scores_reach_the_softmax_through_an_fp32_copy() -> None:
+    """SoftMax.cpp `softmax(x, dim, dtype=float32)`: on CUDA the kernel reads fp16 scores
+    itself (half_to_float); bf16 scores are first copied to fp32, so the softmax's input
+    gradient is fp32 and cast back.  A checkpointed block's backward (its peak in full
+    and selective) then holds 2 bytes more per score: llama-3.1-8b, 32 heads, seq 4096."""
+    scores = 32 * 4096 * 4096
+    for tier in ("full", "selective"):
+        assert _eager_allocated("bf16", tier) - _eager_allocated("fp16", tier) == 2 * scores
+    # Without checkpointing the step's peak is elsewhere (the loss backward).
+    assert _eager_allocated("bf16", "off") == _eager_allocated("fp16", "off")
+    # The closed form (block-level plans, the search's quick bound) counts the same.
+    closed = _eager_allocated("bf16", "full", replay=False)
+    assert closed - _eager_allocated("fp16", "full", replay=False) == 2 * scores

@@ -44,6 +44,8 @@ class TraceRecipe:
     foreach_temp: bool  # torch AdamW's foreach temporary
     accumulate: bool
     eager_extra: bool = True  # CUDA softmax backward's fp32 grad * output temporary
+    # fp16 scores: CUDA's softmax upcasts inside its kernel; bf16 ones are copied to fp32 first.
+    half_scores: bool = False
     blas_workspace: int = 0  # one cuBLAS workspace (`ckpt_core._memory.workspace`)
 
 
@@ -283,7 +285,13 @@ def _eager(
     # SoftMax.cu softmax_backward_cuda_out: `tmp = grad * output` (fp32) is made
     # after the structured kernel allocated grad_input, and freed on return.
     extra = [4 * scores] if recipe.eager_extra else []
-    softmax = sim.op([masked], 4 * scores, save_out=True, backward_scratch=extra)
+    # SoftMax.cpp `softmax(x, dim, dtype=float32)`: on CUDA an fp16 input is read by the
+    # half_to_float kernel; any other (bf16) is first converted, a copy that dies once
+    # the softmax returns, and whose backward casts the fp32 gradient back.
+    upcast = masked if act == 4 or recipe.half_scores else sim.op([masked], 4 * scores)
+    softmax = sim.op([upcast], 4 * scores, save_out=True, backward_scratch=extra)
+    if upcast != masked:
+        sim.drop(upcast)
     probs = sim.op([softmax], act * scores) if act != 4 else softmax
     # `attn_weights = softmax(attn_weights, ...).to(dtype)` frees the fp32 result after
     # `.to`, the masked scores only when the name is rebound.

@@ -202,6 +202,7 @@ def recipe_for(
         foreach_temp=workload.optimizer == "adamw",
         accumulate=workload.gradients == "accumulate",
         blas_workspace=blas_workspace,
+        half_scores=workload.dtype == "fp16",
     )
     return Recipe(
         logits_bytes=logits,

@@ -80,15 +80,23 @@ def allocated_moments(
         + block_grads
         + recomputed(arch, step, tier)
         + widest_gradients(arch, step)
-        + _eager_extra(arch, step)
+        + _eager_extra(arch, step, recipe)
         + recipe.dequantized
     )
     optimizer = resident + recipe.gradients + held + recipe.optimizer_temporary
     return {"loss_backward": loss, "block_backward": block, "optimizer_step": optimizer}
 
 
-def _eager_extra(arch: Arch, step: Step) -> int:
-    """The score-sized gradient CUDA's eager backward holds beyond the meta trace."""
+def _eager_extra(arch: Arch, step: Step, recipe: Recipe) -> int:
+    """The score-sized gradient CUDA's eager backward holds beyond the meta trace.
+
+    Scores in another half dtype than fp16 (bf16) reach the softmax through an
+    fp32 copy, so the softmax's input gradient is fp32 rather than the dtype's;
+    without a replay recipe the copy is assumed.
+    """
     if step.attention != "eager":
         return 0
-    return step.dtype_bytes * step.batch * arch.heads * step.seq * step.seq
+    scores = step.batch * arch.heads * step.seq * step.seq
+    half_scores = recipe.trace is not None and recipe.trace.half_scores
+    widened = 4 - step.dtype_bytes if step.dtype_bytes < 4 and not half_scores else 0
+    return (step.dtype_bytes + widened) * scores
