@@ -46,6 +46,7 @@ class _Op:
     matmul: bool  # a cuBLAS call, forward and backward
     unpacks: bool  # its backward reads a saved tensor (tracked or not)
     cast: bool  # an alias op whose inputs differ in dtype: each gets a gradient of its own
+    shared_weight: bool  # its weight's gradient exists already: added in place, then freed
 
 
 @dataclass(slots=True)
@@ -160,6 +161,7 @@ class Sim:
         alias: bool = False,
         cast: bool = False,
         param_grad: int = 0,
+        shared_weight: bool = False,
         matmul: bool = False,
     ) -> int:
         """Run an op: ``temps`` live during it; returns its output (``out`` bytes).
@@ -174,6 +176,8 @@ class Sim:
         ``cast`` (with ``alias``): an input of another dtype gets a gradient of its own
         (the engine's validate_outputs casts a gradient to its input's dtype,
         torch/csrc/autograd/engine.cpp), the others the incoming one.
+        ``shared_weight``: the ``param_grad`` is of the weight whose gradient the
+        backward made first (tied embeddings: the LM head's); the two are summed.
         """
         grad = param_grad > 0 or any(self.info[t][1] for t in inputs)
         recording = self.saving and grad
@@ -202,6 +206,7 @@ class Sim:
                     matmul,
                     bool(save or saves_other or save_out),
                     cast,
+                    shared_weight,
                 )
             )
         if grad and save_out:
@@ -261,8 +266,11 @@ class Sim:
         incoming = [grads.pop(t) for t in node.outputs if t in grads]
         if incoming:
             held = [self.new(size) for size in node.temporaries]
+            weight_grad = None
             if node.param_grad and not self.accumulate:
-                self.param_grads.append(self.new(node.param_grad))
+                weight_grad = self.new(node.param_grad)
+                if not node.shared_weight:
+                    self.param_grads.append(weight_grad)
             # The generated backward functions compute the last input's gradient first
             # (BmmBackward0: mat2 before self; MulBackward0: other before self).
             for tid in reversed(node.inputs):
@@ -293,7 +301,18 @@ class Sim:
                 self.drop(*node.saved, *incoming)
                 return
             self.drop(*incoming)
+            if node.shared_weight and weight_grad is not None:
+                self._sum_into_last_weight_grad(weight_grad)
         self.drop(*node.saved)
+
+    def _sum_into_last_weight_grad(self, grad: int) -> None:
+        """A second gradient of one weight, reaching its AccumulateGrad after the first:
+        the engine's input buffer sums the two out of place (torch/csrc/autograd/
+        input_buffer.cpp), then frees both; the sum becomes the weight's gradient."""
+        first = self.param_grads[0]  # the LM head's backward ran first of all
+        total = self.new(self.size(grad))
+        self.param_grads[0] = total
+        self.drop(first, grad)
 
     def _recompute(self, node: _Checkpoint, grads: dict[int, int]) -> None:
         outer = self.graph

@@ -347,9 +347,24 @@ class TraceModel:
     norm: Callable[[Sim, int, int, int, TraceRecipe], int]
 
 
+def embedding(sim: Sim, arch: Arch, recipe: TraceRecipe) -> int:
+    """The token embeddings' output.
+
+    Trained (a full fine-tune), EmbeddingBackward makes the weight's dense vocab x
+    hidden gradient at the backward's end; tied to the LM head, whose backward made
+    the weight's first gradient, the two are summed (`Sim.op`'s ``shared_weight``).
+    Frozen, the output has no history (`step_trace` makes it the adapters' leaf).
+    """
+    size = recipe.residual * recipe.batch * recipe.seq * arch.hidden
+    if not recipe.full:
+        return sim.new(size, grad=True)
+    weight = recipe.weights * arch.vocab * arch.hidden
+    return sim.op([], size, param_grad=weight, shared_weight=arch.tied)
+
+
 def _llama_prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) -> Inputs:
     """LlamaModel.forward: the embeddings, eager's float mask (sdpa: none), then RoPE."""
-    hidden = sim.new(recipe.residual * recipe.batch * recipe.seq * arch.hidden, grad=True)
+    hidden = embedding(sim, arch, recipe)
     eager = recipe.attention == "eager"
     mask = sim.new(recipe.act * recipe.batch * recipe.seq * recipe.seq) if eager else sim.new(4)
     if workspace:  # the rotary embedding's `inv_freq @ position_ids`: the first cuBLAS call
@@ -424,8 +439,12 @@ def _gemma3_prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) -
     referenced by every layer's RoPE.
     """
     batch, seq, h, d = recipe.batch, recipe.seq, arch.hidden, arch.head_dim
-    lookup = sim.new(recipe.residual * batch * seq * h)
-    hidden = sim.new(recipe.residual * batch * seq * h, grad=True)
+    if recipe.full:
+        lookup = embedding(sim, arch, recipe)
+        hidden = sim.op([lookup], recipe.residual * batch * seq * h, saves_other=True)
+    else:
+        lookup = sim.new(recipe.residual * batch * seq * h)
+        hidden = sim.new(recipe.residual * batch * seq * h, grad=True)
     sim.drop(lookup)
     full, sliding = _gemma3_masks(sim, arch, recipe)
     if workspace:  # the rotary embedding's `inv_freq @ position_ids`: the first cuBLAS call

@@ -232,8 +232,9 @@ def tier_memory(
     block-level plans and the alternatives all call it (through `PeakModel`).
     Without a `Recipe`, gradients are held all step (the conservative old
     default).  A tier is replayed through the caching allocator; a block-level
-    assignment takes the closed-form allocated peak plus the full tier's
-    replayed fragmentation.  ``replay=False`` skips the replay: the peak is then
+    assignment takes the closed-form allocated peak (at least the full tier's
+    replayed one) plus the full tier's replayed fragmentation.  ``replay=False``
+    skips the replay: the peak is then
     the closed-form allocated peak + context, a quick lower bound for searches.
     """
     activations = activation_bytes(arch, step, assignment)
@@ -258,11 +259,13 @@ def tier_memory(
         # The replay holds one whole replica: a GPU of a sharded group (its share, the
         # gathered units, the buckets) takes the closed-form peak, and the replay's
         # fragmentation on top.  The replay allocates the workspaces itself.
-        exact = tier is not None and static.total == static.replica_total
-        if exact and family_of(arch).replayed_exactly(arch):
+        exact = static.total == static.replica_total and family_of(arch).replayed_exactly(arch)
+        if exact and tier is not None:
             allocated = simulated
         else:
             allocated += workspaces
+            if exact:  # between the tiers a plan holds at least what full holds (its replay)
+                allocated = max(allocated, simulated)
         reserved = allocated + reserved - simulated
     return TierMemory(activations, transient, allocated, reserved + context_bytes)
 

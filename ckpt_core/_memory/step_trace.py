@@ -78,10 +78,13 @@ def _linears(arch: Arch) -> list[tuple[str, int, int]]:
 
 
 def _load(sim: Sim, arch: Arch, recipe: TraceRecipe) -> list[int]:
-    """Allocate the model as loaded and prepared; returns the trainable tensors' sizes."""
-    trainable: list[int] = []
+    """Allocate the model as loaded and prepared; returns the trainable tensors' sizes,
+    in ``model.parameters()`` order (the optimizer makes its states in that order):
+    the token embeddings, the blocks, an untied LM head last."""
     heads = 1 if arch.tied else 2
-    embeddings = [sim.new(recipe.weights * arch.vocab * arch.hidden) for _ in range(heads)]
+    embedding = recipe.weights * arch.vocab * arch.hidden
+    trainable: list[int] = [embedding] if recipe.full else []
+    embeddings = [sim.new(embedding) for _ in range(heads)]
     norms = [sim.new(recipe.weights * arch.hidden) for _ in range(2 * arch.layers + 1)]
     for _ in range(arch.layers):
         for _, fan_in, fan_out in _linears(arch):
@@ -99,8 +102,8 @@ def _load(sim: Sim, arch: Arch, recipe: TraceRecipe) -> list[int]:
         for tensor in embeddings + norms:
             sim.new(sim.size(tensor) // recipe.weights * recipe.kept)
             sim.drop(tensor)
-    if recipe.full:
-        trainable += [recipe.weights * arch.vocab * arch.hidden] * heads
+    if recipe.full and not arch.tied:
+        trainable.append(embedding)
     for _ in range(arch.layers):
         for name, fan_in, fan_out in _linears(arch):
             if recipe.lora_rank and adapted(recipe, name):
@@ -168,9 +171,7 @@ def _forward_backward(
         [normed],
         head_bytes * vocab,
         save=[normed] if recipe.full else [],
-        param_grad=recipe.weights * arch.vocab * arch.hidden
-        if recipe.full and not arch.tied
-        else 0,
+        param_grad=recipe.weights * arch.vocab * arch.hidden if recipe.full else 0,
         matmul=True,
     )
     upcast = sim.op([logits], 4 * vocab) if head_bytes != 4 else logits
