@@ -46,7 +46,7 @@ class _Op:
     matmul: bool  # a cuBLAS call, forward and backward
     unpacks: bool  # its backward reads a saved tensor (tracked or not)
     cast: bool  # an alias op whose inputs differ in dtype: each gets a gradient of its own
-    shared_weight: bool  # its weight's gradient exists already: added in place, then freed
+    shared_weight: bool  # its param_grad is a second gradient of the first weight: summed
 
 
 @dataclass(slots=True)
@@ -302,10 +302,10 @@ class Sim:
                 return
             self.drop(*incoming)
             if node.shared_weight and weight_grad is not None:
-                self._sum_into_last_weight_grad(weight_grad)
+                self._sum_with_first_weight_grad(weight_grad)
         self.drop(*node.saved)
 
-    def _sum_into_last_weight_grad(self, grad: int) -> None:
+    def _sum_with_first_weight_grad(self, grad: int) -> None:
         """A second gradient of one weight, reaching its AccumulateGrad after the first:
         the engine's input buffer sums the two out of place (torch/csrc/autograd/
         input_buffer.cpp), then frees both; the sum becomes the weight's gradient."""
