@@ -228,7 +228,11 @@ def _inputs(model: nn.Module, ids: torch.Tensor) -> dict[str, Any]:
     """
     import torch
 
-    parameters = inspect.signature(model.forward).parameters
+    # A PEFT model passes keyword arguments on to the model it wraps, whose forward says
+    # which it takes (its own signature is ``**kwargs``).
+    get_base_model = getattr(model, "get_base_model", None)
+    wrapped = get_base_model() if callable(get_base_model) else model
+    parameters = inspect.signature(wrapped.forward).parameters
     inputs: dict[str, Any] = {"input_ids": ids, "labels": ids}
     if "use_cache" in parameters:
         inputs["use_cache"] = False
