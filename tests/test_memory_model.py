@@ -318,7 +318,7 @@ def replayed_block_bytes(run: Run, *, selective: bool) -> int:
     out = layer(sim, inputs.hidden, selective=selective)
     sim.drop(inputs.hidden)
     # Tensor bytes, as the meta measurement counts them (not the allocator's block sizes).
-    return sum(sim.size(tid) for tid in sim.tensors if tid not in shared and tid != out)
+    return sim.storage_bytes(tid for tid in sim.tensors if tid not in shared and tid != out)
 
 
 def replayed_recompute_inputs(run: Run) -> int:
@@ -333,20 +333,35 @@ def replayed_recompute_inputs(run: Run) -> int:
     return sum(sim.size(tid) for tid in inputs.forward_held)
 
 
-@pytest.mark.parametrize("preset", ["llama-3.2-1b", "qwen2.5-1.5b", "gemma-3-1b"])
-def test_replayed_selective_block_keeps_what_peft_keeps_on_meta(preset: str) -> None:
+@pytest.mark.parametrize(
+    ("preset", "targets", "seq"),
+    [
+        ("llama-3.2-1b", ["q_proj", "k_proj", "v_proj", "o_proj"], 512),
+        ("qwen2.5-1.5b", ["q_proj", "k_proj", "v_proj", "o_proj"], 512),
+        ("gemma-3-1b", ["q_proj", "k_proj", "v_proj", "o_proj"], 512),
+        ("qwen3-8b", ["q_proj", "k_proj", "v_proj", "o_proj"], 512),
+        ("phi-3-mini", ["qkv_proj", "o_proj", "gate_up_proj"], 512),
+        ("phi-3-mini", ["qkv_proj", "o_proj"], 512),
+        ("phi-3-mini", ["qkv_proj", "o_proj"], 2048),  # its window (2047) masks
+    ],
+)
+def test_replayed_selective_block_keeps_what_peft_keeps_on_meta(
+    preset: str, targets: list[str], seq: int
+) -> None:
     """Llama-style decoders take their allocated peak from the step replay: what selective
     saves over off, per block, is what it saves on PEFT's LoRA model on meta (the block
     keeps input_layernorm's fp32 upcast: the norm runs outside the hooked self_attn).
     Gemma 3's layer is replayed as its own: its sandwich and q / k norms' fp32 upcasts
     and a sliding layer's additive sdpa mask (seq 512 = its window) are kept off only;
-    the boolean mask it is made from, by selective's checkpoints only."""
+    the boolean mask it is made from, by selective's checkpoints only.  Qwen3's q / k
+    norms keep their fp32 upcasts; Phi-3's q, k, v and gate, up are views of one
+    projection each, whose whole output a view keeps; once its sliding window masks,
+    sdpa's additive copy of the boolean mask is kept per block, off only."""
     from peft import LoraConfig, get_peft_model
 
-    layers, seq = 2, 512
+    layers = 2
     model_input = {"config": {**load_preset(preset), "num_hidden_layers": layers}}
     base = build_meta_model(load_model_config(model_input), attention="sdpa").to(torch.bfloat16)
-    targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
     lora = LoraConfig(r=32, lora_alpha=64, target_modules=targets, lora_dropout=0.0)
     peft_model = get_peft_model(base, lora)
     measured = [

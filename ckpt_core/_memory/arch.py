@@ -65,6 +65,9 @@ class Arch:
     qk_norm: str = ""  # "" | head | full
     sandwich: str = ""  # "" | gemma (4 norms per block) | olmo2 (post-norms only)
     rope_fp32: bool = False  # cos / sin kept in fp32 (OLMo-2 applies RoPE in fp32)
+    # apply_rotary_pos_emb rotates a leading slice of each head and concatenates the rest
+    # back (Phi-3, even when the slice is the whole head): one more copy of q and of k.
+    rope_concat: bool = False
     attn_softcap: bool = False
     final_softcap: bool = False
     sliding_window: int | None = None

@@ -21,7 +21,7 @@ Pure Python; sizes in bytes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ckpt_core._memory.allocator import CachingAllocator
@@ -31,6 +31,7 @@ from ckpt_core._memory.allocator import CachingAllocator
 class _Tensor:
     handle: tuple[int, int] | None  # None: never allocated (after a recompute's early stop)
     refs: int
+    base: int | None = None  # a view's: the tensor whose storage it holds
 
 
 @dataclass(slots=True)
@@ -101,12 +102,18 @@ class Sim:
                 self._unwound.discard(tid)
                 continue
             self._locals.discard(tid)
-            tensor = self.tensors[tid]
-            tensor.refs -= 1
-            if tensor.refs == 0:
-                if tensor.handle is not None:
-                    self._free(tensor.handle)
-                del self.tensors[tid]
+            self._release(tid)
+
+    def _release(self, tid: int) -> None:
+        """One reference fewer; at none the storage is freed (a view's: its base's reference)."""
+        tensor = self.tensors[tid]
+        tensor.refs -= 1
+        if tensor.refs == 0:
+            if tensor.handle is not None:
+                self._free(tensor.handle)
+            del self.tensors[tid]
+            if tensor.base is not None:
+                self._release(tensor.base)
 
     def _malloc(self, size: int) -> tuple[int, int]:
         if self._deferred is None:
@@ -138,6 +145,16 @@ class Sim:
     def size(self, tid: int) -> int:
         return self.info[tid][0]
 
+    def storage_bytes(self, tids: Iterable[int]) -> int:
+        """Bytes of the storages ``tids`` hold: a view counts as its base, each base once."""
+        bases = set()
+        for tid in tids:
+            root = tid
+            while (base := self.tensors[root].base) is not None:
+                root = base
+            bases.add(root)
+        return sum(self.size(tid) for tid in bases)
+
     def requires_grad(self, tid: int) -> None:
         self.info[tid] = (self.info[tid][0], True)
 
@@ -147,6 +164,43 @@ class Sim:
         return tid
 
     # --- forward ---
+    def views(self, base: int, sizes: Sequence[int]) -> tuple[int, ...]:
+        """Views of ``base`` made by one op (a slice: one size; ``chunk``: several).
+
+        A view allocates nothing and keeps ``base``'s storage while it lives.  Its
+        backward (SliceBackward0, SplitBackward0) makes one gradient of the base's
+        full size: zeros with the views' gradients copied in.
+        """
+        grad = self.info[base][1]
+        made = []
+        for size in sizes:
+            tid = self._next
+            self._next += 1
+            self.tensors[base].refs += 1
+            self.tensors[tid] = _Tensor(None, 1, base)
+            self.info[tid] = (size, grad)
+            if self._recomputing:
+                self._locals.add(tid)
+            made.append(tid)
+        if self.saving and grad:
+            self.graph.append(
+                _Op(
+                    inputs=(base,),
+                    outputs=tuple(made),
+                    saved=(),
+                    temporaries=(),
+                    scratch=(),
+                    alias=False,
+                    param_grad=0,
+                    unpacked=self._recomputing,
+                    matmul=False,
+                    unpacks=False,
+                    cast=False,
+                    shared_weight=False,
+                )
+            )
+        return tuple(made)
+
     def op(
         self,
         inputs: Sequence[int],

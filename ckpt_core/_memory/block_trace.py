@@ -142,9 +142,14 @@ def _adapter(sim: Sim, x: int, shape: tuple[int, int], recipe: TraceRecipe) -> t
     return lora_in, scaled
 
 
-def norm(sim: Sim, x: int, rows: int, width: int, recipe: TraceRecipe) -> int:
-    """LlamaRMSNorm.forward: fp32 upcast, variance, rstd, normalized, cast back, times weight."""
-    upcast = sim.op([x], 4 * rows * width) if recipe.residual != 4 else x
+def norm(
+    sim: Sim, x: int, rows: int, width: int, recipe: TraceRecipe, *, dtype: int | None = None
+) -> int:
+    """LlamaRMSNorm.forward: fp32 upcast, variance, rstd, normalized, cast back, times weight.
+
+    ``dtype``: the input's bytes per element (the residual stream's unless given)."""
+    dtype = recipe.residual if dtype is None else dtype
+    upcast = sim.op([x], 4 * rows * width) if dtype != 4 else x
     square = sim.op([upcast], 4 * rows * width, save=[upcast])
     mean = sim.op([square], 4 * rows)
     sim.drop(square)
@@ -154,8 +159,8 @@ def norm(sim: Sim, x: int, rows: int, width: int, recipe: TraceRecipe) -> int:
     sim.drop(rstd)
     if upcast != x:
         sim.drop(upcast)
-    cast = sim.op([normed], recipe.residual * rows * width) if recipe.residual != 4 else normed
-    out_bytes = max(recipe.kept if recipe.quantized else recipe.weights, recipe.residual)
+    cast = sim.op([normed], dtype * rows * width) if dtype != 4 else normed
+    out_bytes = max(recipe.kept if recipe.quantized else recipe.weights, dtype)
     out = sim.op(
         [cast], out_bytes * rows * width, save=[cast] if recipe.full else [], saves_other=True
     )
@@ -167,8 +172,9 @@ def norm(sim: Sim, x: int, rows: int, width: int, recipe: TraceRecipe) -> int:
     return out
 
 
-def rope(sim: Sim, x: int, size: int) -> int:
-    """apply_rotary_pos_emb: `(q * cos) + (rotate_half(q) * sin)`."""
+def rope(sim: Sim, x: int, size: int, *, concat: bool = False) -> int:
+    """apply_rotary_pos_emb: `(q * cos) + (rotate_half(q) * sin)`; ``concat``: then
+    `torch.cat([rotated, q_pass])` (`Arch.rope_concat`), whose input dies at once."""
     cos = sim.op([x], size, saves_other=True)  # MulBackward0 saves cos
     neg = sim.op([x], size // 2)
     rotated = sim.op([neg, x], size, alias=True)
@@ -177,13 +183,25 @@ def rope(sim: Sim, x: int, size: int) -> int:
     sim.drop(rotated)
     out = sim.op([cos, sin], size, alias=True)
     sim.drop(cos, sin)
+    if concat:
+        whole = sim.op([out], size, alias=True)
+        sim.drop(out)
+        return whole
     return out
 
 
 def block(
-    sim: Sim, x: int, *, arch: Arch, recipe: TraceRecipe, mask: int, selective: bool = False
+    sim: Sim,
+    x: int,
+    *,
+    arch: Arch,
+    recipe: TraceRecipe,
+    mask: int | None,
+    selective: bool = False,
 ) -> int:
-    """LlamaDecoderLayer.forward on the block input ``x``; returns its output."""
+    """LlamaDecoderLayer.forward on the block input ``x``; returns its output.
+
+    ``mask``: eager's float mask, or sdpa's boolean one (None: ``is_causal``)."""
     tokens, act = recipe.batch * recipe.seq, recipe.act
     h = arch.hidden
     inter = arch.intermediate or arch.moe_intermediate * max(1, arch.top_k)
@@ -205,7 +223,18 @@ def block(
     sim.drop(out)
     normed = norm(sim, mid, tokens, h, recipe)
     # LlamaMLP.forward: `down_proj(act_fn(gate_proj(x)) * up_proj(x))`, left to right.
-    if arch.glu:
+    chunks: tuple[int, ...] = ()  # the MLP's locals that live until it returns
+    if arch.fused_gate_up:
+        # Phi3MLP.forward: `gate, up_states = gate_up_proj(x).chunk(2)` (views of one
+        # output), `up_states * act_fn(gate)`; the local `gate` lives until the return.
+        gate_up = linear(sim, normed, "mlp.gate_up_proj", (h, 2 * inter), recipe)
+        gate, up = sim.views(gate_up, [act * tokens * inter] * 2)
+        sim.drop(gate_up)
+        activated = sim.op([gate], act * tokens * inter, save=[gate])
+        product = sim.op([up, activated], act * tokens * inter, save=[up, activated])
+        sim.drop(activated, up)
+        chunks = (gate,)
+    elif arch.glu:
         gate = linear(sim, normed, "mlp.gate_proj", (h, inter), recipe)
         activated = sim.op([gate], act * tokens * inter, save=[gate])
         sim.drop(gate)
@@ -217,24 +246,47 @@ def block(
         product = sim.op([up], act * tokens * inter, save=[up])
         sim.drop(up)
     down = linear(sim, product, "mlp.down_proj", (inter, h), recipe)
-    sim.drop(product, normed)  # the layer rebinds hidden_states to the MLP's output
+    sim.drop(product, *chunks)
+    sim.drop(normed)  # the layer rebinds hidden_states to the MLP's output
     out = sim.op([mid, down], recipe.residual * tokens * h, alias=True)
     sim.drop(down, mid, *weights)  # rebinding, then the locals `residual` and `_`
     return out
 
 
 def attention(
-    sim: Sim, x: int, *, arch: Arch, recipe: TraceRecipe, mask: int, held: list[int] | None = None
+    sim: Sim,
+    x: int,
+    *,
+    arch: Arch,
+    recipe: TraceRecipe,
+    mask: int | None,
+    held: list[int] | None = None,
 ) -> int:
-    """LlamaAttention.forward on the normed ``x``; eager's weights go to ``held`` when given."""
+    """LlamaAttention.forward on the normed ``x``; eager's weights go to ``held`` when given.
+
+    sdpa with a boolean ``mask`` (a sliding window) makes a new additive one in the
+    activation dtype (attention.cpp convert_boolean_attn_mask), which the fused
+    kernel saves for backward."""
     tokens, act, batch = recipe.batch * recipe.seq, recipe.act, recipe.batch
     h, q, kv = arch.hidden, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
-    query = linear(sim, x, "self_attn.q_proj", (h, q), recipe)
-    key = linear(sim, x, "self_attn.k_proj", (h, kv), recipe)
-    value = linear(sim, x, "self_attn.v_proj", (h, kv), recipe)
-    query_r, key_r = rope(sim, query, act * tokens * q), rope(sim, key, act * tokens * kv)
+    fused: tuple[int, ...] = ()
+    if arch.fused_qkv:
+        # Phi3Attention.forward: q, k and v are slices of one projection, whose local
+        # `qkv` keeps the whole output until the attention returns.
+        qkv = linear(sim, x, "self_attn.qkv_proj", (h, q + 2 * kv), recipe)
+        (query,), (key,), (value,) = (sim.views(qkv, [act * tokens * n]) for n in (q, kv, kv))
+        fused = (qkv,)
+    else:
+        query = linear(sim, x, "self_attn.q_proj", (h, q), recipe)
+        query = _head_normed(sim, query, arch.heads, arch, recipe)
+        key = linear(sim, x, "self_attn.k_proj", (h, kv), recipe)
+        key = _head_normed(sim, key, arch.kv_heads, arch, recipe)
+        value = linear(sim, x, "self_attn.v_proj", (h, kv), recipe)
+    concat = arch.rope_concat
+    query_r = rope(sim, query, act * tokens * q, concat=concat)
+    key_r = rope(sim, key, act * tokens * kv, concat=concat)
     sim.drop(query, key)
-    if recipe.attention == "eager":
+    if recipe.attention == "eager" and mask is not None:
         flat = _eager(sim, query_r, key_r, value, arch=arch, recipe=recipe, mask=mask)
         if held is None:
             sim.drop(flat[1])
@@ -242,18 +294,40 @@ def attention(
             held.append(flat[1])
         attn = flat[0]
     else:
-        lse = sim.new(4 * batch * arch.heads * recipe.seq)
-        attn = sim.op(
-            [query_r, key_r, value],
-            act * tokens * q,
-            save=[query_r, key_r, value, lse],
-            save_out=True,
-        )
-        sim.drop(lse)
+        attn = _fused(sim, query_r, key_r, value, arch=arch, recipe=recipe, mask=mask)
     out = linear(sim, attn, "self_attn.o_proj", (q, h), recipe)
     sim.drop(attn)
     # LlamaAttention.forward returns: its locals query/key/value_states die.
-    sim.drop(query_r, key_r, value)
+    sim.drop(query_r, key_r, value, *fused)
+    return out
+
+
+def _fused(
+    sim: Sim, query: int, key: int, value: int, *, arch: Arch, recipe: TraceRecipe, mask: int | None
+) -> int:
+    """A fused sdpa kernel: it saves q, k, v, its output, the log-sum-exp and, for a
+    boolean ``mask``, the additive mask it converts it to."""
+    batch, seq = recipe.batch, recipe.seq
+    bias = [sim.new(recipe.act * batch * seq * seq)] if mask is not None else []
+    lse = sim.new(4 * batch * arch.heads * seq)
+    attn = sim.op(
+        [query, key, value],
+        recipe.act * batch * seq * arch.heads * arch.head_dim,
+        save=[query, key, value, lse, *bias],
+        save_out=True,
+    )
+    sim.drop(lse, *bias)
+    return attn
+
+
+def _head_normed(sim: Sim, x: int, heads: int, arch: Arch, recipe: TraceRecipe) -> int:
+    """Qwen3Attention.forward: `q_norm(q_proj(x).view(...))` (and k's) over each head; the
+    projection's output is a temporary that dies when the norm returns."""
+    if arch.qk_norm != "head":
+        return x
+    rows = recipe.batch * recipe.seq * heads
+    out = norm(sim, x, rows, arch.head_dim, recipe, dtype=recipe.act)
+    sim.drop(x)
     return out
 
 
@@ -363,13 +437,22 @@ def embedding(sim: Sim, arch: Arch, recipe: TraceRecipe) -> int:
 
 
 def _llama_prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) -> Inputs:
-    """LlamaModel.forward: the embeddings, eager's float mask (sdpa: none), then RoPE."""
+    """LlamaModel.forward: the embeddings, eager's float mask (sdpa: none; a boolean one
+    once a sliding window every layer has is no longer than the sequence: Mistral,
+    Phi-3's ``create_sliding_window_causal_mask``), then RoPE."""
     hidden = embedding(sim, arch, recipe)
     eager = recipe.attention == "eager"
-    mask = sim.new(recipe.act * recipe.batch * recipe.seq * recipe.seq) if eager else sim.new(4)
+    sliding = None
+    if eager:
+        mask = sim.new(recipe.act * recipe.batch * recipe.seq * recipe.seq)
+    else:
+        mask = sim.new(4)
+        if all(arch.sliding_layers) and _window_masked(arch, recipe):
+            sliding = _sliding_mask(sim, recipe)
     if workspace:  # the rotary embedding's `inv_freq @ position_ids`: the first cuBLAS call
         sim.new(workspace)
-    return Inputs(hidden, mask, step_held=(mask,))
+    forward_held = () if sliding is None else (sliding,)
+    return Inputs(hidden, mask, step_held=(mask,), forward_held=forward_held, sliding_mask=sliding)
 
 
 def _llama_layer(
@@ -382,7 +465,8 @@ def _llama_layer(
     index: int,
     selective: bool = False,
 ) -> int:
-    return block(sim, x, arch=arch, recipe=recipe, mask=inputs.mask, selective=selective)
+    mask = inputs.mask if recipe.attention == "eager" else inputs.sliding_mask
+    return block(sim, x, arch=arch, recipe=recipe, mask=mask, selective=selective)
 
 
 LLAMA = TraceModel(prepare=_llama_prepare, block=_llama_layer, norm=norm)
@@ -488,16 +572,23 @@ def _gemma3_masks(sim: Sim, arch: Arch, recipe: TraceRecipe) -> tuple[int | None
         sim.drop(causal)
     if not (eager or _window_masked(arch, recipe)):
         return full, None
+    return full, _sliding_mask(sim, recipe)
+
+
+def _sliding_mask(sim: Sim, recipe: TraceRecipe) -> int:
+    """``create_sliding_window_causal_mask``: sdpa's boolean mask (masking_utils.sdpa_mask:
+    two comparisons and two ``&``); eager's float one made from it (``torch.where``)."""
+    seq = recipe.seq
     after = sim.new(seq * seq)  # kv_idx > q_idx - window: the sliding overlay
     causal = sim.new(seq * seq)
     sim.drop(after)
     before = sim.new(seq * seq)  # kv_idx <= q_idx: the causal function
     sliding = sim.new(seq * seq)
     sim.drop(before, causal)
-    if eager:
-        boolean, sliding = sliding, sim.new(float_bytes)
+    if recipe.attention == "eager":
+        boolean, sliding = sliding, sim.new(recipe.act * recipe.batch * seq * seq)
         sim.drop(boolean)
-    return full, sliding
+    return sliding
 
 
 def gemma3_block(
@@ -577,15 +668,7 @@ def gemma3_attention(
         else:
             held.append(weights)
     else:
-        bias = [sim.new(act * batch * recipe.seq * recipe.seq)] if mask is not None else []
-        lse = sim.new(4 * batch * arch.heads * recipe.seq)
-        attn = sim.op(
-            [query_r, key_r, value],
-            act * tokens * q,
-            save=[query_r, key_r, value, lse, *bias],
-            save_out=True,
-        )
-        sim.drop(lse, *bias)
+        attn = _fused(sim, query_r, key_r, value, arch=arch, recipe=recipe, mask=mask)
     out = linear(sim, attn, "self_attn.o_proj", (q, h), recipe)
     sim.drop(attn)
     sim.drop(query_r, key_r, value)

@@ -63,18 +63,20 @@ def simulate(arch: Arch, tier: str, recipe: TraceRecipe) -> tuple[int, int]:
 
 
 def _linears(arch: Arch) -> list[tuple[str, int, int]]:
-    h, q, kv, inter = arch.hidden, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim, 0
+    h, q, kv = arch.hidden, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
     inter = arch.intermediate or arch.moe_intermediate * max(1, arch.top_k)
-    names = [
-        ("self_attn.q_proj", h, q),
-        ("self_attn.k_proj", h, kv),
-        ("self_attn.v_proj", h, kv),
-        ("self_attn.o_proj", q, h),
-        ("mlp.gate_proj", h, inter),
-        ("mlp.up_proj", h, inter),
-        ("mlp.down_proj", inter, h),
-    ]
-    return names if arch.glu else [item for item in names if item[0] != "mlp.gate_proj"]
+    output = ("self_attn.o_proj", q, h)
+    if arch.fused_qkv:  # Phi3Attention.__init__ makes o_proj first
+        attention = [output, ("self_attn.qkv_proj", h, q + 2 * kv)]
+    else:
+        attention = [(f"self_attn.{x}_proj", h, n) for x, n in (("q", q), ("k", kv), ("v", kv))]
+        attention.append(output)
+    if arch.fused_gate_up:
+        mlp = [("mlp.gate_up_proj", h, 2 * inter)]
+    else:
+        mlp = [("mlp.gate_proj", h, inter)] if arch.glu else []
+        mlp.append(("mlp.up_proj", h, inter))
+    return [*attention, *mlp, ("mlp.down_proj", inter, h)]
 
 
 def _load(sim: Sim, arch: Arch, recipe: TraceRecipe) -> list[int]:

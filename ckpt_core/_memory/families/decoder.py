@@ -89,6 +89,7 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         qk_norm="head" if model_type in ("qwen3", "qwen3_moe", "gemma3_text", "gemma3") else "",
         sandwich="gemma" if gemma else "olmo2" if model_type == "olmo2" else "",
         rope_fp32=model_type == "olmo2",
+        rope_concat=model_type == "phi3",
         attn_softcap=bool(getattr(config, "attn_logit_softcapping", None)),
         final_softcap=bool(getattr(config, "final_logit_softcapping", None)),
         sliding_window=window if any(sliding) else None,
