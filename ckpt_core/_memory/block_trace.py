@@ -2,9 +2,10 @@
 
 The buffers and their lifetimes are those of transformers' Llama-style block
 (``LlamaDecoderLayer`` / ``LlamaAttention`` / ``eager_attention_forward`` /
-``LlamaMLP`` / ``LlamaRMSNorm``) and of Gemma 3's (``Gemma3DecoderLayer``:
-four sandwich norms, q / k norms, sliding-window masks; `gemma3_block`),
-PEFT's ``lora.Linear.forward`` and bitsandbytes' 4-bit linear: a tensor is
+``LlamaMLP`` / ``LlamaRMSNorm``), with Phi-3's fused projections and Qwen3's
+q / k norms where the architecture has them (Gemma 3's own layer is
+`ckpt_core._memory.gemma3_trace`, on the linears, RoPE and attention kernels
+here), PEFT's ``lora.Linear.forward`` and bitsandbytes' 4-bit linear: a tensor is
 freed where the last Python name or autograd node holding it lets go, which
 decides what the caching allocator can reuse.  Each "why" names the source
 it follows.  What a model runs around its blocks (embeddings, masks, rotary
@@ -267,7 +268,7 @@ def attention(
     sdpa with a boolean ``mask`` (a sliding window) makes a new additive one in the
     activation dtype (attention.cpp convert_boolean_attn_mask), which the fused
     kernel saves for backward."""
-    tokens, act, batch = recipe.batch * recipe.seq, recipe.act, recipe.batch
+    tokens, act = recipe.batch * recipe.seq, recipe.act
     h, q, kv = arch.hidden, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
     fused: tuple[int, ...] = ()
     if arch.fused_qkv:
@@ -287,14 +288,14 @@ def attention(
     key_r = rope(sim, key, act * tokens * kv, concat=concat)
     sim.drop(query, key)
     if recipe.attention == "eager" and mask is not None:
-        flat = _eager(sim, query_r, key_r, value, arch=arch, recipe=recipe, mask=mask)
+        flat = eager_attention(sim, query_r, key_r, value, arch=arch, recipe=recipe, mask=mask)
         if held is None:
             sim.drop(flat[1])
         else:
             held.append(flat[1])
         attn = flat[0]
     else:
-        attn = _fused(sim, query_r, key_r, value, arch=arch, recipe=recipe, mask=mask)
+        attn = fused_attention(sim, query_r, key_r, value, arch=arch, recipe=recipe, mask=mask)
     out = linear(sim, attn, "self_attn.o_proj", (q, h), recipe)
     sim.drop(attn)
     # LlamaAttention.forward returns: its locals query/key/value_states die.
@@ -302,7 +303,7 @@ def attention(
     return out
 
 
-def _fused(
+def fused_attention(
     sim: Sim, query: int, key: int, value: int, *, arch: Arch, recipe: TraceRecipe, mask: int | None
 ) -> int:
     """A fused sdpa kernel: it saves q, k, v, its output, the log-sum-exp and, for a
@@ -331,7 +332,7 @@ def _head_normed(sim: Sim, x: int, heads: int, arch: Arch, recipe: TraceRecipe) 
     return out
 
 
-def _eager(
+def eager_attention(
     sim: Sim, query: int, key: int, value: int, *, arch: Arch, recipe: TraceRecipe, mask: int
 ) -> tuple[int, int]:
     """eager_attention_forward; returns (attention output, attention weights)."""
@@ -447,8 +448,8 @@ def _llama_prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) ->
         mask = sim.new(recipe.act * recipe.batch * recipe.seq * recipe.seq)
     else:
         mask = sim.new(4)
-        if all(arch.sliding_layers) and _window_masked(arch, recipe):
-            sliding = _sliding_mask(sim, recipe)
+        if all(arch.sliding_layers) and window_masked(arch, recipe):
+            sliding = sliding_mask(sim, recipe)
     if workspace:  # the rotary embedding's `inv_freq @ position_ids`: the first cuBLAS call
         sim.new(workspace)
     forward_held = () if sliding is None else (sliding,)
@@ -472,110 +473,13 @@ def _llama_layer(
 LLAMA = TraceModel(prepare=_llama_prepare, block=_llama_layer, norm=norm)
 
 
-# --- Gemma 3 ----------------------------------------------------------------------------
-
-
-def gemma_norm(sim: Sim, x: int, rows: int, width: int, recipe: TraceRecipe, *, dtype: int) -> int:
-    """Gemma3RMSNorm.forward: ``output = self._norm(x.float())`` (upcast, pow, mean + eps,
-    rsqrt, times the upcast); ``output = output * (1.0 + self.weight.float())`` in fp32;
-    ``return output.type_as(x)`` (``dtype``: the input's bytes per element).  The two
-    fp32 products are locals: the first dies at the rebinding, the second on return."""
-    upcast = sim.op([x], 4 * rows * width) if dtype != 4 else x
-    square = sim.op([upcast], 4 * rows * width, save=[upcast])
-    mean = sim.op([square], 4 * rows)
-    sim.drop(square)
-    rstd = sim.op([mean], 4 * rows, save_out=True)
-    sim.drop(mean)
-    normed = sim.op([upcast, rstd], 4 * rows * width, save=[upcast, rstd])
-    sim.drop(rstd)
-    # `(1.0 + self.weight.float())` is saved for the normed input's gradient; the normed
-    # tensor only for the weight's (full fine-tunes).
-    scaled = sim.op(
-        [normed], 4 * rows * width, save=[normed] if recipe.full else [], saves_other=True
-    )
-    sim.drop(normed)
-    if upcast != x:
-        sim.drop(upcast)
-    out = sim.op([scaled], dtype * rows * width) if dtype != 4 else scaled
-    if out != scaled:
-        sim.drop(scaled)
-    return out
-
-
-def _window_masked(arch: Arch, recipe: TraceRecipe) -> bool:
+def window_masked(arch: Arch, recipe: TraceRecipe) -> bool:
     """sdpa gets a materialized sliding-window mask: masking_utils skips it (``is_causal``)
     only while the keys are fewer than the window (``_ignore_causal_mask_sdpa``)."""
     return arch.sliding_window is not None and recipe.seq >= arch.sliding_window
 
 
-def _final_gemma_norm(sim: Sim, x: int, rows: int, width: int, recipe: TraceRecipe) -> int:
-    return gemma_norm(sim, x, rows, width, recipe, dtype=recipe.residual)
-
-
-def _gemma3_prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) -> Inputs:
-    """Gemma3TextModel.forward before its layers.
-
-    Gemma3TextScaledWordEmbedding: ``embedding(ids) * embed_scale`` (the lookup dies
-    at once; the product is the leaf `step_trace` holds for adapters).  The masks
-    (`_gemma3_masks`), then the global and the local rotary embeddings
-    (Gemma3RotaryEmbedding: fp32 ``freqs``, ``emb = cat(freqs, freqs)``,
-    ``cos() * attention_scaling`` and ``sin() * ...``, cast to the hidden dtype),
-    referenced by every layer's RoPE.
-    """
-    batch, seq, h, d = recipe.batch, recipe.seq, arch.hidden, arch.head_dim
-    if recipe.full:
-        lookup = embedding(sim, arch, recipe)
-        hidden = sim.op([lookup], recipe.residual * batch * seq * h, saves_other=True)
-    else:
-        lookup = sim.new(recipe.residual * batch * seq * h)
-        hidden = sim.new(recipe.residual * batch * seq * h, grad=True)
-    sim.drop(lookup)
-    full, sliding = _gemma3_masks(sim, arch, recipe)
-    if workspace:  # the rotary embedding's `inv_freq @ position_ids`: the first cuBLAS call
-        sim.new(workspace)
-    tables: list[int] = []
-    for _ in ("global", "local"):
-        freqs = sim.new(4 * batch * seq * d // 2)
-        emb = sim.new(4 * batch * seq * d)
-        cos = sim.new(4 * batch * seq * d)
-        cos_scaled = sim.new(4 * batch * seq * d)
-        sim.drop(cos)
-        sin = sim.new(4 * batch * seq * d)
-        sin_scaled = sim.new(4 * batch * seq * d)
-        sim.drop(sin)
-        tables += [sim.new(recipe.residual * batch * seq * d) for _ in ("cos", "sin")]
-        sim.drop(freqs, emb, cos_scaled, sin_scaled)
-    masks = tuple(mask for mask in dict.fromkeys((full, sliding)) if mask is not None)
-    return Inputs(
-        hidden,
-        full if full is not None else -1,
-        step_held=tuple(tables),
-        forward_held=masks,
-        sliding_mask=sliding,
-    )
-
-
-def _gemma3_masks(sim: Sim, arch: Arch, recipe: TraceRecipe) -> tuple[int | None, int | None]:
-    """``create_causal_mask`` then ``create_sliding_window_causal_mask``: (full, sliding).
-
-    sdpa: no mask for the full-attention layers (``is_causal``), a boolean one for the
-    sliding layers once the window is no longer than the sequence (masking_utils.sdpa_mask:
-    two comparisons and two ``&``).  Eager (masking_utils.eager_mask): both made, the
-    boolean one turned into a float mask per sample (``torch.where``).
-    """
-    seq, eager = recipe.seq, recipe.attention == "eager"
-    float_bytes = recipe.act * recipe.batch * seq * seq
-    full = None
-    if eager:
-        causal = sim.new(seq * seq)  # kv_idx <= q_idx
-        full = sim.new(float_bytes)
-        sim.drop(causal)
-    if not (eager or _window_masked(arch, recipe)):
-        return full, None
-    return full, _sliding_mask(sim, recipe)
-
-
-def _sliding_mask(sim: Sim, recipe: TraceRecipe) -> int:
+def sliding_mask(sim: Sim, recipe: TraceRecipe) -> int:
     """``create_sliding_window_causal_mask``: sdpa's boolean mask (masking_utils.sdpa_mask:
     two comparisons and two ``&``); eager's float one made from it (``torch.where``)."""
     seq = recipe.seq
@@ -589,104 +493,3 @@ def _sliding_mask(sim: Sim, recipe: TraceRecipe) -> int:
         boolean, sliding = sliding, sim.new(recipe.act * recipe.batch * seq * seq)
         sim.drop(boolean)
     return sliding
-
-
-def gemma3_block(
-    sim: Sim,
-    x: int,
-    *,
-    arch: Arch,
-    recipe: TraceRecipe,
-    inputs: Inputs,
-    index: int,
-    selective: bool = False,
-) -> int:
-    """Gemma3DecoderLayer.forward: input_layernorm, self_attn, post_attention_layernorm,
-    the residual add, pre_feedforward_layernorm, the MLP, post_feedforward_layernorm,
-    the residual add; each norm's input dies where ``hidden_states`` is rebound."""
-    tokens, res = recipe.batch * recipe.seq, recipe.residual
-    h = arch.hidden
-    sliding = bool(arch.sliding_layers) and arch.sliding_layers[index]
-    mask = inputs.sliding_mask if sliding else inputs.mask
-    # `hidden_states, _ = self.self_attn(...)` keeps eager attention's weights
-    # referenced until the layer returns.
-    weights: list[int] = []
-    normed_in = gemma_norm(sim, x, tokens, h, recipe, dtype=res)
-
-    def attend(s: Sim, y: int, held: list[int] | None = None) -> int:
-        return gemma3_attention(
-            s, y, arch=arch, recipe=recipe, mask=None if mask == -1 else mask, held=held
-        )
-
-    out = sim.checkpoint(attend, normed_in) if selective else attend(sim, normed_in, weights)
-    sim.drop(normed_in)
-    post = gemma_norm(sim, out, tokens, h, recipe, dtype=res)
-    sim.drop(out)
-    mid = sim.op([x, post], res * tokens * h, alias=True)  # `residual + hidden_states`
-    sim.drop(post)
-    pre = gemma_norm(sim, mid, tokens, h, recipe, dtype=res)
-    down = _glu_mlp(sim, pre, arch=arch, recipe=recipe)
-    sim.drop(pre)
-    post = gemma_norm(sim, down, tokens, h, recipe, dtype=res)
-    sim.drop(down)
-    out = sim.op([mid, post], res * tokens * h, alias=True)
-    sim.drop(post, mid, *weights)  # rebinding, then the locals `residual` and `_`
-    return out
-
-
-def gemma3_attention(
-    sim: Sim,
-    x: int,
-    *,
-    arch: Arch,
-    recipe: TraceRecipe,
-    mask: int | None,
-    held: list[int] | None = None,
-) -> int:
-    """Gemma3Attention.forward on the normed ``x``: q / k / v, q_norm and k_norm over
-    (batch, heads, seq, head_dim), RoPE, then attention.  sdpa: a sliding layer's
-    boolean ``mask`` becomes a new additive one in the activation dtype (attention.cpp
-    convert_boolean_attn_mask), which the fused kernel saves for backward.  Eager:
-    Gemma 3's eager_attention_forward is Llama's (`_eager`; no softcapping in Gemma 3
-    checkpoints), its weights go to ``held`` when given."""
-    tokens, act, batch = recipe.batch * recipe.seq, recipe.act, recipe.batch
-    h, d = arch.hidden, arch.head_dim
-    q, kv = arch.heads * d, arch.kv_heads * d
-    query = linear(sim, x, "self_attn.q_proj", (h, q), recipe)
-    key = linear(sim, x, "self_attn.k_proj", (h, kv), recipe)
-    value = linear(sim, x, "self_attn.v_proj", (h, kv), recipe)
-    query_n = gemma_norm(sim, query, tokens * arch.heads, d, recipe, dtype=act)
-    sim.drop(query)
-    key_n = gemma_norm(sim, key, tokens * arch.kv_heads, d, recipe, dtype=act)
-    sim.drop(key)
-    query_r, key_r = rope(sim, query_n, act * tokens * q), rope(sim, key_n, act * tokens * kv)
-    sim.drop(query_n, key_n)
-    if recipe.attention == "eager" and mask is not None:
-        attn, weights = _eager(sim, query_r, key_r, value, arch=arch, recipe=recipe, mask=mask)
-        if held is None:
-            sim.drop(weights)
-        else:
-            held.append(weights)
-    else:
-        attn = _fused(sim, query_r, key_r, value, arch=arch, recipe=recipe, mask=mask)
-    out = linear(sim, attn, "self_attn.o_proj", (q, h), recipe)
-    sim.drop(attn)
-    sim.drop(query_r, key_r, value)
-    return out
-
-
-def _glu_mlp(sim: Sim, x: int, *, arch: Arch, recipe: TraceRecipe) -> int:
-    """Gemma3MLP.forward: ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``, left to right."""
-    tokens, act, h, inter = recipe.batch * recipe.seq, recipe.act, arch.hidden, arch.intermediate
-    gate = linear(sim, x, "mlp.gate_proj", (h, inter), recipe)
-    activated = sim.op([gate], act * tokens * inter, save=[gate])
-    sim.drop(gate)
-    up = linear(sim, x, "mlp.up_proj", (h, inter), recipe)
-    product = sim.op([activated, up], act * tokens * inter, save=[activated, up])
-    sim.drop(activated, up)
-    down = linear(sim, product, "mlp.down_proj", (inter, h), recipe)
-    sim.drop(product)
-    return down
-
-
-GEMMA3 = TraceModel(prepare=_gemma3_prepare, block=gemma3_block, norm=_final_gemma_norm)

@@ -14,7 +14,7 @@ q / k / v / o and the MLP projections with their LoRA adapters, RoPE, eager
 attention's scores and fp32 softmax or a fused kernel, SwiGLU), so the
 reserved pool (`CachingAllocator`) follows from the mechanism.  Gemma 3 is
 replayed as its own forward (sandwich and q / k norms, scaled embeddings,
-sliding-window masks, two rotary tables: `block_trace.GEMMA3`); the model's
+sliding-window masks, two rotary tables: `gemma3_trace.GEMMA3`); the model's
 family chooses (`Family.trace`), and other families are replayed with the
 Llama block at their sizes.
 

@@ -24,7 +24,7 @@ from ckpt_core._memory.arch import (
     read_window,
 )
 from ckpt_core._memory.attention import attention_core, mask_bytes, mask_kind, rope_tables
-from ckpt_core._memory.block_trace import GEMMA3, LLAMA, TraceModel
+from ckpt_core._memory.block_trace import LLAMA, TraceModel
 from ckpt_core._memory.costs import (
     BlockFlops,
     attention_block_flops,
@@ -32,6 +32,7 @@ from ckpt_core._memory.costs import (
     lm_head_flops,
 )
 from ckpt_core._memory.family import Family, single_stack
+from ckpt_core._memory.gemma3_trace import GEMMA3
 from ckpt_core._memory.ledger import (
     GLOBAL,
     BlockMode,

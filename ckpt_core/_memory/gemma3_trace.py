@@ -1,0 +1,223 @@
+"""Gemma 3's decoder layer and what its model runs around the layers, for the step replay.
+
+Gemma3DecoderLayer differs from the Llama-style block of
+`ckpt_core._memory.block_trace` in what it keeps: four sandwich norms
+(Gemma3RMSNorm computes in fp32 and scales by ``1 + weight``), q / k norms,
+the scaled word embeddings, full and sliding-window masks and two rotary
+tables.  The linears, RoPE and the attention kernels are the shared ones.
+Sizes in bytes.
+"""
+
+from __future__ import annotations
+
+from ckpt_core._memory.arch import Arch
+from ckpt_core._memory.autograd_sim import Sim
+from ckpt_core._memory.block_trace import (
+    Inputs,
+    TraceModel,
+    TraceRecipe,
+    eager_attention,
+    embedding,
+    fused_attention,
+    linear,
+    rope,
+    sliding_mask,
+    window_masked,
+)
+
+
+def gemma_norm(sim: Sim, x: int, rows: int, width: int, recipe: TraceRecipe, *, dtype: int) -> int:
+    """Gemma3RMSNorm.forward: ``output = self._norm(x.float())`` (upcast, pow, mean + eps,
+    rsqrt, times the upcast); ``output = output * (1.0 + self.weight.float())`` in fp32;
+    ``return output.type_as(x)`` (``dtype``: the input's bytes per element).  The two
+    fp32 products are locals: the first dies at the rebinding, the second on return."""
+    upcast = sim.op([x], 4 * rows * width) if dtype != 4 else x
+    square = sim.op([upcast], 4 * rows * width, save=[upcast])
+    mean = sim.op([square], 4 * rows)
+    sim.drop(square)
+    rstd = sim.op([mean], 4 * rows, save_out=True)
+    sim.drop(mean)
+    normed = sim.op([upcast, rstd], 4 * rows * width, save=[upcast, rstd])
+    sim.drop(rstd)
+    # `(1.0 + self.weight.float())` is saved for the normed input's gradient; the normed
+    # tensor only for the weight's (full fine-tunes).
+    scaled = sim.op(
+        [normed], 4 * rows * width, save=[normed] if recipe.full else [], saves_other=True
+    )
+    sim.drop(normed)
+    if upcast != x:
+        sim.drop(upcast)
+    out = sim.op([scaled], dtype * rows * width) if dtype != 4 else scaled
+    if out != scaled:
+        sim.drop(scaled)
+    return out
+
+
+def _final_gemma_norm(sim: Sim, x: int, rows: int, width: int, recipe: TraceRecipe) -> int:
+    return gemma_norm(sim, x, rows, width, recipe, dtype=recipe.residual)
+
+
+def _gemma3_prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) -> Inputs:
+    """Gemma3TextModel.forward before its layers.
+
+    Gemma3TextScaledWordEmbedding: ``embedding(ids) * embed_scale`` (the lookup dies
+    at once; the product is the leaf `step_trace` holds for adapters).  The masks
+    (`_gemma3_masks`), then the global and the local rotary embeddings
+    (Gemma3RotaryEmbedding: fp32 ``freqs``, ``emb = cat(freqs, freqs)``,
+    ``cos() * attention_scaling`` and ``sin() * ...``, cast to the hidden dtype),
+    referenced by every layer's RoPE.
+    """
+    batch, seq, h, d = recipe.batch, recipe.seq, arch.hidden, arch.head_dim
+    if recipe.full:
+        lookup = embedding(sim, arch, recipe)
+        hidden = sim.op([lookup], recipe.residual * batch * seq * h, saves_other=True)
+    else:
+        lookup = sim.new(recipe.residual * batch * seq * h)
+        hidden = sim.new(recipe.residual * batch * seq * h, grad=True)
+    sim.drop(lookup)
+    full, sliding = _gemma3_masks(sim, arch, recipe)
+    if workspace:  # the rotary embedding's `inv_freq @ position_ids`: the first cuBLAS call
+        sim.new(workspace)
+    tables: list[int] = []
+    for _ in ("global", "local"):
+        freqs = sim.new(4 * batch * seq * d // 2)
+        emb = sim.new(4 * batch * seq * d)
+        cos = sim.new(4 * batch * seq * d)
+        cos_scaled = sim.new(4 * batch * seq * d)
+        sim.drop(cos)
+        sin = sim.new(4 * batch * seq * d)
+        sin_scaled = sim.new(4 * batch * seq * d)
+        sim.drop(sin)
+        tables += [sim.new(recipe.residual * batch * seq * d) for _ in ("cos", "sin")]
+        sim.drop(freqs, emb, cos_scaled, sin_scaled)
+    masks = tuple(mask for mask in dict.fromkeys((full, sliding)) if mask is not None)
+    return Inputs(
+        hidden,
+        full if full is not None else -1,
+        step_held=tuple(tables),
+        forward_held=masks,
+        sliding_mask=sliding,
+    )
+
+
+def _gemma3_masks(sim: Sim, arch: Arch, recipe: TraceRecipe) -> tuple[int | None, int | None]:
+    """``create_causal_mask`` then ``create_sliding_window_causal_mask``: (full, sliding).
+
+    sdpa: no mask for the full-attention layers (``is_causal``), a boolean one for the
+    sliding layers once the window is no longer than the sequence (masking_utils.sdpa_mask:
+    two comparisons and two ``&``).  Eager (masking_utils.eager_mask): both made, the
+    boolean one turned into a float mask per sample (``torch.where``).
+    """
+    seq, eager = recipe.seq, recipe.attention == "eager"
+    float_bytes = recipe.act * recipe.batch * seq * seq
+    full = None
+    if eager:
+        causal = sim.new(seq * seq)  # kv_idx <= q_idx
+        full = sim.new(float_bytes)
+        sim.drop(causal)
+    if not (eager or window_masked(arch, recipe)):
+        return full, None
+    return full, sliding_mask(sim, recipe)
+
+
+def gemma3_block(
+    sim: Sim,
+    x: int,
+    *,
+    arch: Arch,
+    recipe: TraceRecipe,
+    inputs: Inputs,
+    index: int,
+    selective: bool = False,
+) -> int:
+    """Gemma3DecoderLayer.forward: input_layernorm, self_attn, post_attention_layernorm,
+    the residual add, pre_feedforward_layernorm, the MLP, post_feedforward_layernorm,
+    the residual add; each norm's input dies where ``hidden_states`` is rebound."""
+    tokens, res = recipe.batch * recipe.seq, recipe.residual
+    h = arch.hidden
+    sliding = bool(arch.sliding_layers) and arch.sliding_layers[index]
+    mask = inputs.sliding_mask if sliding else inputs.mask
+    # `hidden_states, _ = self.self_attn(...)` keeps eager attention's weights
+    # referenced until the layer returns.
+    weights: list[int] = []
+    normed_in = gemma_norm(sim, x, tokens, h, recipe, dtype=res)
+
+    def attend(s: Sim, y: int, held: list[int] | None = None) -> int:
+        return gemma3_attention(
+            s, y, arch=arch, recipe=recipe, mask=None if mask == -1 else mask, held=held
+        )
+
+    out = sim.checkpoint(attend, normed_in) if selective else attend(sim, normed_in, weights)
+    sim.drop(normed_in)
+    post = gemma_norm(sim, out, tokens, h, recipe, dtype=res)
+    sim.drop(out)
+    mid = sim.op([x, post], res * tokens * h, alias=True)  # `residual + hidden_states`
+    sim.drop(post)
+    pre = gemma_norm(sim, mid, tokens, h, recipe, dtype=res)
+    down = _glu_mlp(sim, pre, arch=arch, recipe=recipe)
+    sim.drop(pre)
+    post = gemma_norm(sim, down, tokens, h, recipe, dtype=res)
+    sim.drop(down)
+    out = sim.op([mid, post], res * tokens * h, alias=True)
+    sim.drop(post, mid, *weights)  # rebinding, then the locals `residual` and `_`
+    return out
+
+
+def gemma3_attention(
+    sim: Sim,
+    x: int,
+    *,
+    arch: Arch,
+    recipe: TraceRecipe,
+    mask: int | None,
+    held: list[int] | None = None,
+) -> int:
+    """Gemma3Attention.forward on the normed ``x``: q / k / v, q_norm and k_norm over
+    (batch, heads, seq, head_dim), RoPE, then attention.  sdpa: a sliding layer's
+    boolean ``mask`` becomes a new additive one in the activation dtype (attention.cpp
+    convert_boolean_attn_mask), which the fused kernel saves for backward.  Eager:
+    Gemma 3's eager_attention_forward is Llama's (`eager_attention`; no softcapping in Gemma 3
+    checkpoints), its weights go to ``held`` when given."""
+    tokens, act = recipe.batch * recipe.seq, recipe.act
+    h, d = arch.hidden, arch.head_dim
+    q, kv = arch.heads * d, arch.kv_heads * d
+    query = linear(sim, x, "self_attn.q_proj", (h, q), recipe)
+    key = linear(sim, x, "self_attn.k_proj", (h, kv), recipe)
+    value = linear(sim, x, "self_attn.v_proj", (h, kv), recipe)
+    query_n = gemma_norm(sim, query, tokens * arch.heads, d, recipe, dtype=act)
+    sim.drop(query)
+    key_n = gemma_norm(sim, key, tokens * arch.kv_heads, d, recipe, dtype=act)
+    sim.drop(key)
+    query_r, key_r = rope(sim, query_n, act * tokens * q), rope(sim, key_n, act * tokens * kv)
+    sim.drop(query_n, key_n)
+    if recipe.attention == "eager" and mask is not None:
+        attn, weights = eager_attention(
+            sim, query_r, key_r, value, arch=arch, recipe=recipe, mask=mask
+        )
+        if held is None:
+            sim.drop(weights)
+        else:
+            held.append(weights)
+    else:
+        attn = fused_attention(sim, query_r, key_r, value, arch=arch, recipe=recipe, mask=mask)
+    out = linear(sim, attn, "self_attn.o_proj", (q, h), recipe)
+    sim.drop(attn)
+    sim.drop(query_r, key_r, value)
+    return out
+
+
+def _glu_mlp(sim: Sim, x: int, *, arch: Arch, recipe: TraceRecipe) -> int:
+    """Gemma3MLP.forward: ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``, left to right."""
+    tokens, act, h, inter = recipe.batch * recipe.seq, recipe.act, arch.hidden, arch.intermediate
+    gate = linear(sim, x, "mlp.gate_proj", (h, inter), recipe)
+    activated = sim.op([gate], act * tokens * inter, save=[gate])
+    sim.drop(gate)
+    up = linear(sim, x, "mlp.up_proj", (h, inter), recipe)
+    product = sim.op([activated, up], act * tokens * inter, save=[activated, up])
+    sim.drop(activated, up)
+    down = linear(sim, product, "mlp.down_proj", (inter, h), recipe)
+    sim.drop(product)
+    return down
+
+
+GEMMA3 = TraceModel(prepare=_gemma3_prepare, block=gemma3_block, norm=_final_gemma_norm)
