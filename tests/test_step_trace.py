@@ -245,3 +245,40 @@ def test_a_full_fine_tune_replays_the_embedding_gradient(preset: str) -> None:
     optimizer_step = moments["optimizer_step"] + 2 * trace.blas_workspace
     assert optimizer_step == max(moments.values()) + 2 * trace.blas_workspace
     assert allocated == pytest.approx(optimizer_step, rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("preset", "targets"),
+    [
+        ("llama-3.2-1b", ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj"]),
+        ("qwen3-8b", ["q_proj", "v_proj", "down_proj"]),
+        ("phi-3-mini", ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]),
+        ("gemma-3-1b", ["q_proj", "k_proj", "v_proj", "o_proj"]),
+    ],
+)
+def test_the_replay_loads_what_peft_holds(preset: str, targets: list[str]) -> None:
+    """The replayed load holds the model's parameters, and the adapters it trains are
+    PEFT's, in ``model.parameters()`` order (AdamW makes its states in that order):
+    Phi-3's fused projections are one adapted linear each, its o_proj first.  The
+    weights of q / k and sandwich norms (a few KiB) are the only ones not replayed."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from ckpt_core._configs.model_config import build_meta_model, load_model_config
+    from ckpt_core._configs.presets import load_preset
+    from ckpt_core._memory.autograd_sim import Sim
+    from ckpt_core._memory.step_trace import _load
+
+    model_input = {"config": {**load_preset(preset), "num_hidden_layers": 2}}
+    base = build_meta_model(load_model_config(model_input), attention="sdpa").to(torch.bfloat16)
+    lora = LoraConfig(r=8, lora_alpha=16, target_modules=targets, lora_dropout=0.0)
+    model = get_peft_model(base, lora)
+    trainable = [p.nbytes for p in model.parameters() if p.requires_grad]
+    held = sum(p.nbytes for p in model.parameters())
+
+    workload = {"method": "lora", "lora_rank": 8, "lora_targets": targets, "seq_len": 512}
+    run = prepare(model_facts(model_input), parse_workload(workload))
+    assert run.recipe.trace is not None
+    sim = Sim()
+    assert _load(sim, run.facts.arch, run.recipe.trace) == trainable
+    assert sum(sim.size(tid) for tid in sim.tensors) == pytest.approx(held, rel=1e-4)
