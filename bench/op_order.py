@@ -1,0 +1,365 @@
+"""The step replay against the real op order, for recipes no GPU row covers.
+
+For each case (preset x method x dtype x attention x tier, at one micro-batch and
+sequence length) the real model - transformers, PEFT's LoRA (bitsandbytes' own
+4-bit layer for QLoRA, parameters quantized on meta), this project's checkpoint
+hooks - runs a warm-up and a measured training step on the meta device.  A
+dispatch mode logs every storage's malloc and free in the order autograd makes
+them; the optimizer's states and torch AdamW's foreach temporaries are added
+where ``optimizer.step()`` makes them, and the cuBLAS workspaces where the first
+matmul of the forward and of the backward ask for theirs.  That sequence is
+replayed through the project's `CachingAllocator` and printed next to the
+estimate's allocated peak and reserved pool (its ``peak_bytes`` less the CUDA
+context), as ratios.
+
+What meta cannot show: CUDA's softmax reads fp16 scores in its kernel but meta
+makes the fp32 copy (fp16 eager is left out), and bitsandbytes' CUDA matmul
+dequantizes each weight into a buffer of its own (QLoRA's reserved figure is
+then indicative only: the estimate replays those buffers, the recording has
+none).  QLoRA cases need ``bitsandbytes`` installed (it is not a dependency of
+this project); without it they are skipped.
+
+Run: ``.venv/bin/python -m bench.op_order [--presets P ...] [--methods ...]
+[--attention ...] [--dtypes ...] [--tiers ...] [--batch 2] [--seq 1024]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import itertools
+import statistics
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Final
+
+from ckpt_core._memory.allocator import MIB, CachingAllocator
+
+TARGETS: Final = ["q_proj", "k_proj", "v_proj", "o_proj"]
+FUSED_TARGETS: Final = ["qkv_proj", "o_proj"]  # Phi-3
+PRESETS: Final = ("llama-3.2-1b", "qwen2.5-0.5b", "gemma-3-1b", "phi-3-mini", "qwen3-8b")
+GPU: Final = "A100-80GB"  # the workspace size; the context is taken off the estimate
+# (malloc | free | mark, storage key, bytes, the op that made it)
+Event = tuple[str, Any, int, str]
+
+
+@dataclass(frozen=True)
+class Case:
+    preset: str
+    method: str  # full | lora | qlora
+    dtype: str  # bf16 | fp16
+    attention: str  # sdpa | eager
+    tier: str
+    batch: int
+    seq: int
+
+    @property
+    def targets(self) -> list[str]:
+        return FUSED_TARGETS if self.preset.startswith("phi-") else TARGETS
+
+
+class _Log:
+    """A dispatch mode that logs each new storage's malloc, and its free once unreferenced."""
+
+    def __new__(cls, events: list[Event], known: dict[int, Any], eager: bool) -> Any:
+        from torch.multiprocessing.reductions import StorageWeakRef
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_flatten
+
+        class Log(TorchDispatchMode):
+            def __init__(self) -> None:
+                super().__init__()
+                self.live: dict[int, Any] = {}
+
+            def poll(self) -> None:
+                for key in [k for k, ref in self.live.items() if ref.expired()]:
+                    del self.live[key]
+                    events.append(("free", key, 0, ""))
+
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
+                self.poll()
+                out = func(*args, **(kwargs or {}))
+                for tensor in tree_flatten(out)[0]:
+                    if getattr(tensor, "is_meta", False):
+                        storage = tensor.untyped_storage()
+                        key = storage._cdata
+                        if key in known and known[key].expired():
+                            del known[key]  # a replaced parameter's storage: reused
+                        if key in known or key in self.live:
+                            continue
+                        self.live[key] = StorageWeakRef(storage)
+                        events.append(("malloc", key, storage.nbytes(), str(func)))
+                if eager and str(func) == "aten._softmax_backward_data.default":
+                    # CUDA's softmax backward: an fp32 `grad * output` temporary.
+                    grad = args[0]
+                    events.append(("malloc", ("softmax", len(events)), grad.nbytes, ""))
+                    events.append(("free", ("softmax", len(events) - 1), 0, ""))
+                return out
+
+        return Log()
+
+
+def _quantized(fan_in: int, fan_out: int, dtype: Any) -> Any:
+    """bitsandbytes' Linear4bit with an nf4 weight (block size 64) built on meta."""
+    import bitsandbytes as bnb
+    import torch
+    from bitsandbytes.functional import QuantState
+
+    layer = bnb.nn.Linear4bit(
+        fan_in, fan_out, bias=False, compute_dtype=dtype, quant_type="nf4", device="meta"
+    )
+    n = fan_in * fan_out
+    state = QuantState(
+        absmax=torch.empty(n // 64, dtype=torch.float32, device="meta"),
+        shape=torch.Size([fan_out, fan_in]),
+        code=torch.empty(16, dtype=torch.float32, device="meta"),
+        blocksize=64,
+        quant_type="nf4",
+        dtype=dtype,
+    )
+    packed = torch.empty(n // 2, 1, dtype=torch.uint8, device="meta")
+    layer.weight = bnb.nn.Params4bit(
+        data=packed, requires_grad=False, quant_state=state, bnb_quantized=True, module=layer
+    )
+    return layer
+
+
+def _model(case: Case) -> Any:
+    import torch
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+    from ckpt_core import install_checkpoint_hooks
+    from ckpt_core._configs.model_config import build_meta_model, load_model_config
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[case.dtype]
+    config = load_model_config({"preset": case.preset})
+    model = build_meta_model(config, attention=case.attention).to(dtype)
+    model.config.use_cache = False
+    if case.method == "qlora":
+        for layer in model.model.layers:
+            for parent in (layer.self_attn, layer.mlp):
+                for name, child in list(parent.named_children()):
+                    if isinstance(child, torch.nn.Linear):
+                        setattr(
+                            parent, name, _quantized(child.in_features, child.out_features, dtype)
+                        )
+        model.is_loaded_in_4bit = True
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    if case.method != "full":
+        lora = LoraConfig(r=32, lora_alpha=64, lora_dropout=0.0, target_modules=case.targets)
+        model = get_peft_model(model, lora)
+        model.enable_input_require_grads()
+    if case.tier != "off":
+        install_checkpoint_hooks(model, case.tier)
+    return model.train()
+
+
+def record(case: Case) -> list[Event]:
+    """The storages' mallocs and frees of the load, a warm-up step and the measured step."""
+    model = _model(case)
+    events: list[Event] = []
+    known: dict[int, Any] = {}
+    _record_load(model, case.method == "qlora", events, known)
+    _record_steps(model, case, events, known)
+    return events
+
+
+def _register(tensor: Any, events: list[Event], known: dict[int, Any]) -> None:
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    storage = tensor.untyped_storage()
+    if storage._cdata not in known:
+        known[storage._cdata] = StorageWeakRef(storage)
+        events.append(("malloc", storage._cdata, storage.nbytes(), "load"))
+
+
+def _record_load(model: Any, quantized: bool, events: list[Event], known: dict[int, Any]) -> None:
+    """The load as the estimate replays it: each quantized weight from a compute-dtype
+    copy, kbit preparation's fp32 copy of every other parameter, the adapters last."""
+    import torch
+
+    for name, module in model.named_modules():
+        for pname, param in module.named_parameters(recurse=False):
+            if "lora_" in name:
+                continue
+            quant_state = getattr(param, "quant_state", None)
+            if quant_state is not None:
+                copy = ("copy", name)
+                size = quant_state.dtype.itemsize * quant_state.shape.numel()
+                events.append(("malloc", copy, size, "load"))
+                for tensor in (param, quant_state.absmax, quant_state.code):
+                    _register(tensor, events, known)
+                events.append(("free", copy, 0, ""))
+            elif quantized and param.dtype == torch.float32:
+                half = ("half", name, pname)
+                events.append(("malloc", half, param.numel() * 2, "load"))
+                _register(param, events, known)
+                events.append(("free", half, 0, ""))
+            else:
+                _register(param, events, known)
+        for buffer in module.buffers(recurse=False):
+            _register(buffer, events, known)
+    for name, param in model.named_parameters():
+        if "lora_" in name:
+            _register(param, events, known)
+
+
+def _record_steps(model: Any, case: Case, events: list[Event], known: dict[int, Any]) -> None:
+    """A warm-up and a measured step: ``zero_grad(set_to_none=True)``, forward, backward,
+    torch AdamW's step (its states at the first, foreach temporaries at each)."""
+    import torch
+
+    from ckpt_core._meta.stand_ins import _sdpa_stand_in, no_data_dependent_mask_checks
+
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    ids = torch.zeros(case.batch, case.seq, dtype=torch.long, device="meta")
+    _register(ids, events, known)
+    log = _Log(events, known, eager=case.attention == "eager")
+    fused = _sdpa_stand_in(False)
+    original = torch.nn.functional.scaled_dot_product_attention
+
+    def sdpa(query: Any, *args: Any, **kwargs: Any) -> Any:
+        return (fused if query.is_meta else original)(query, *args, **kwargs)
+
+    torch.nn.functional.scaled_dot_product_attention = sdpa
+    try:
+        with no_data_dependent_mask_checks():
+            for step in range(2):
+                events.append(("mark", f"step{step}", 0, ""))
+                for param in trainable:
+                    param.grad = None
+                with log:
+                    out = model(input_ids=ids, labels=ids)
+                    events.append(("mark", "loss", 0, ""))
+                    out.loss.backward()
+                    log.poll()
+                if step == 0:
+                    for i, param in enumerate(trainable):
+                        events.append(("malloc", ("exp_avg", i), param.nbytes, ""))
+                        events.append(("malloc", ("exp_avg_sq", i), param.nbytes, ""))
+                for i, param in enumerate(trainable):
+                    events.append(("malloc", ("foreach", step, i), param.nbytes, ""))
+                for i, _ in enumerate(trainable):
+                    events.append(("free", ("foreach", step, i), 0, ""))
+                del out
+                with log:
+                    log.poll()
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = original
+
+
+def with_workspaces(events: list[Event], size: int) -> list[Event]:
+    """cuBLAS's workspace, kept for good: after the output of the warm-up's first matmul
+    (the Python thread's handle) and of its backward's first (autograd's device thread)."""
+    out: list[Event] = []
+    phase, done = "", set()
+    for event in events:
+        kind, key, _, label = event
+        out.append(event)
+        if kind == "mark":
+            phase = key
+        elif (
+            kind == "malloc"
+            and ("aten.mm" in label or "addmm" in label)
+            and phase in ("step0", "loss")
+            and phase not in done
+        ):
+            done.add(phase)
+            out.append(("malloc", ("workspace", phase), size, "workspace"))
+    return out
+
+
+def replay(events: list[Event]) -> tuple[int, int]:
+    """(peak allocated over the measured step, peak reserved) through `CachingAllocator`."""
+    allocator = CachingAllocator()
+    handles: dict[Any, tuple[int, int]] = {}
+    for kind, key, size, _ in events:
+        if kind == "mark" and key == "step1":
+            allocator.peak_allocated = allocator.allocated
+        elif kind == "malloc":
+            handles[key] = allocator.malloc(size)
+        elif kind == "free" and key in handles:
+            allocator.free(handles.pop(key))
+    return allocator.peak_allocated, allocator.peak_reserved
+
+
+def estimate(case: Case) -> tuple[int, int, int]:
+    """The estimate's (allocated peak, reserved pool, cuBLAS workspace) for the case."""
+    from ckpt_core._memory.advise import estimate_tiers
+    from ckpt_core._memory.inputs import model_facts, parse_workload, prepare
+
+    workload: dict[str, Any] = {
+        "seq_len": case.seq,
+        "micro_batch_size": case.batch,
+        "dtype": case.dtype,
+        "attention": case.attention,
+        "method": case.method,
+        "headroom": 0.0,
+    }
+    if case.method != "full":
+        workload.update(lora_rank=32, lora_targets=case.targets)
+    if case.method == "qlora":
+        workload["weights"] = "nf4"
+    run = prepare(model_facts({"preset": case.preset}), parse_workload(workload), GPU)
+    answer = estimate_tiers(run, None)
+    tier = answer["tiers"][case.tier]
+    context = answer["assumptions"]["cuda_context_bytes"]
+    assert run.recipe.trace is not None
+    return tier["allocated_bytes"], tier["peak_bytes"] - context, run.recipe.trace.blas_workspace
+
+
+def cases(args: argparse.Namespace) -> Iterator[Case]:
+    product = itertools.product(args.presets, args.methods, args.dtypes, args.attention, args.tiers)
+    for preset, method, dtype, attention, tier in product:
+        if dtype == "fp16" and attention == "eager":
+            continue  # meta makes the fp32 softmax copy that CUDA does not
+        yield Case(preset, method, dtype, attention, tier, args.batch, args.seq)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--presets", nargs="+", default=list(PRESETS))
+    parser.add_argument("--methods", nargs="+", default=["full", "lora", "qlora"])
+    parser.add_argument("--dtypes", nargs="+", default=["bf16"])
+    parser.add_argument("--attention", nargs="+", default=["sdpa", "eager"])
+    parser.add_argument("--tiers", nargs="+", default=["off", "selective", "medium", "full"])
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--seq", type=int, default=1024)
+    args = parser.parse_args()
+    if "qlora" in args.methods and importlib.util.find_spec("bitsandbytes") is None:
+        print("bitsandbytes is not installed: QLoRA cases skipped")
+        args.methods = [m for m in args.methods if m != "qlora"]
+    print(
+        "| case | real order MiB (alloc / reserved) | estimate MiB | ratio alloc | ratio reserved |"
+    )
+    print("|---|--:|--:|--:|--:|")
+    ratios: list[tuple[Case, float, float]] = []
+    for case in cases(args):
+        allocated, reserved, workspace = estimate(case)
+        real_allocated, real_reserved = replay(with_workspaces(record(case), workspace))
+        ratio = (allocated / real_allocated, reserved / real_reserved)
+        ratios.append((case, *ratio))
+        name = (
+            " ".join((case.preset, case.method, case.dtype, case.attention, case.tier))
+            + f" b{case.batch} s{case.seq}"
+        )
+        print(
+            f"| {name} | {real_allocated / MIB:.0f} / {real_reserved / MIB:.0f} "
+            f"| {allocated / MIB:.0f} / {reserved / MIB:.0f} | {ratio[0]:.4f} | {ratio[1]:.4f} |",
+            flush=True,
+        )
+    if not ratios:
+        return
+    allocated_errors = [abs(a - 1) for _, a, _ in ratios]
+    reserved_errors = [r - 1 for _, _, r in ratios]
+    print(
+        f"\n{len(ratios)} cases. allocated: mean |error| {statistics.mean(allocated_errors):.2%}, "
+        f"worst {max(allocated_errors):.2%}; reserved: mean |error| "
+        f"{statistics.mean(map(abs, reserved_errors)):.2%}, lowest {min(reserved_errors):+.2%}, "
+        f"highest {max(reserved_errors):+.2%}, within 1%: "
+        f"{sum(abs(e) <= 0.01 for e in reserved_errors)}"
+    )
+
+
+if __name__ == "__main__":
+    main()
