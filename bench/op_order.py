@@ -79,6 +79,10 @@ class _Log:
             def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
                 self.poll()
                 out = func(*args, **(kwargs or {}))
+                dequantized = _dequantized(func, args)
+                buffer = ("dequantized", len(events))
+                if dequantized:  # made before the output, freed on return
+                    events.append(("malloc", buffer, dequantized, ""))
                 for tensor in tree_flatten(out)[0]:
                     if getattr(tensor, "is_meta", False):
                         storage = tensor.untyped_storage()
@@ -89,6 +93,8 @@ class _Log:
                             continue
                         self.live[key] = StorageWeakRef(storage)
                         events.append(("malloc", key, storage.nbytes(), str(func)))
+                if dequantized:
+                    events.append(("free", buffer, 0, ""))
                 if eager and str(func) == "aten._softmax_backward_data.default":
                     # CUDA's softmax backward: an fp32 `grad * output` temporary.
                     grad = args[0]
@@ -97,6 +103,16 @@ class _Log:
                 return out
 
         return Log()
+
+
+def _dequantized(func: Any, args: Any) -> int:
+    """Bytes of the weight bitsandbytes' CUDA ``gemm_4bit`` dequantizes before its matmul
+    (past 1536 rows it takes ``_dequant_linear_fallback``); 0 for any other op."""
+    if str(func) != "bitsandbytes.gemm_4bit.default":
+        return 0
+    inputs, shape = args[0], args[2]
+    rows = inputs.numel() // inputs.shape[-1]
+    return shape[0] * shape[1] * inputs.element_size() if rows > 1536 else 0
 
 
 def _quantized(fan_in: int, fan_out: int, dtype: Any) -> Any:
