@@ -12,12 +12,12 @@ replayed through the project's `CachingAllocator` and printed next to the
 estimate's allocated peak and reserved pool (its ``peak_bytes`` less the CUDA
 context), as ratios.
 
-What meta cannot show: CUDA's softmax reads fp16 scores in its kernel but meta
-makes the fp32 copy (fp16 eager is left out), and bitsandbytes' CUDA matmul
-dequantizes each weight into a buffer of its own (QLoRA's reserved figure is
-then indicative only: the estimate replays those buffers, the recording has
-none).  QLoRA cases need ``bitsandbytes`` installed (it is not a dependency of
-this project); without it they are skipped.
+What meta does not show as CUDA runs it: CUDA's softmax reads fp16 scores in
+its kernel but meta makes the fp32 copy (fp16 eager is left out), and
+bitsandbytes' CUDA ``gemm_4bit`` dequantizes each weight into a buffer of its
+own past 1536 rows, which the recording adds.  QLoRA cases need
+``bitsandbytes`` installed (it is not a dependency of this project); without
+it they are skipped.
 
 Run: ``.venv/bin/python -m bench.op_order [--presets P ...] [--methods ...]
 [--attention ...] [--dtypes ...] [--tiers ...] [--batch 2] [--seq 1024]``.
