@@ -203,9 +203,7 @@ def block(
     """LlamaDecoderLayer.forward on the block input ``x``; returns its output.
 
     ``mask``: eager's float mask, or sdpa's boolean one (None: ``is_causal``)."""
-    tokens, act = recipe.batch * recipe.seq, recipe.act
-    h = arch.hidden
-    inter = arch.intermediate or arch.moe_intermediate * max(1, arch.top_k)
+    tokens, h = recipe.batch * recipe.seq, arch.hidden
     # `hidden_states, _ = self.self_attn(...)` keeps eager attention's weights
     # referenced until the layer returns.
     weights: list[int] = []
@@ -223,12 +221,23 @@ def block(
     mid = sim.op([x, out], recipe.residual * tokens * h, alias=True)
     sim.drop(out)
     normed = norm(sim, mid, tokens, h, recipe)
-    # LlamaMLP.forward: `down_proj(act_fn(gate_proj(x)) * up_proj(x))`, left to right.
+    down = mlp(sim, normed, arch=arch, recipe=recipe)
+    sim.drop(normed)  # the layer rebinds hidden_states to the MLP's output
+    out = sim.op([mid, down], recipe.residual * tokens * h, alias=True)
+    sim.drop(down, mid, *weights)  # rebinding, then the locals `residual` and `_`
+    return out
+
+
+def mlp(sim: Sim, x: int, *, arch: Arch, recipe: TraceRecipe) -> int:
+    """LlamaMLP.forward (and Gemma's): `down_proj(act_fn(gate_proj(x)) * up_proj(x))`,
+    left to right; returns the down projection's output."""
+    tokens, act, h = recipe.batch * recipe.seq, recipe.act, arch.hidden
+    inter = arch.intermediate or arch.moe_intermediate * max(1, arch.top_k)
     chunks: tuple[int, ...] = ()  # the MLP's locals that live until it returns
     if arch.fused_gate_up:
         # Phi3MLP.forward: `gate, up_states = gate_up_proj(x).chunk(2)` (views of one
         # output), `up_states * act_fn(gate)`; the local `gate` lives until the return.
-        gate_up = linear(sim, normed, "mlp.gate_up_proj", (h, 2 * inter), recipe)
+        gate_up = linear(sim, x, "mlp.gate_up_proj", (h, 2 * inter), recipe)
         gate, up = sim.views(gate_up, [act * tokens * inter] * 2)
         sim.drop(gate_up)
         activated = sim.op([gate], act * tokens * inter, save=[gate])
@@ -236,22 +245,19 @@ def block(
         sim.drop(activated, up)
         chunks = (gate,)
     elif arch.glu:
-        gate = linear(sim, normed, "mlp.gate_proj", (h, inter), recipe)
+        gate = linear(sim, x, "mlp.gate_proj", (h, inter), recipe)
         activated = sim.op([gate], act * tokens * inter, save=[gate])
         sim.drop(gate)
-        up = linear(sim, normed, "mlp.up_proj", (h, inter), recipe)
+        up = linear(sim, x, "mlp.up_proj", (h, inter), recipe)
         product = sim.op([activated, up], act * tokens * inter, save=[activated, up])
         sim.drop(activated, up)
     else:
-        up = linear(sim, normed, "mlp.up_proj", (h, inter), recipe)
+        up = linear(sim, x, "mlp.up_proj", (h, inter), recipe)
         product = sim.op([up], act * tokens * inter, save=[up])
         sim.drop(up)
     down = linear(sim, product, "mlp.down_proj", (inter, h), recipe)
     sim.drop(product, *chunks)
-    sim.drop(normed)  # the layer rebinds hidden_states to the MLP's output
-    out = sim.op([mid, down], recipe.residual * tokens * h, alias=True)
-    sim.drop(down, mid, *weights)  # rebinding, then the locals `residual` and `_`
-    return out
+    return down
 
 
 def attention(
@@ -287,19 +293,35 @@ def attention(
     query_r = rope(sim, query, act * tokens * q, concat=concat)
     key_r = rope(sim, key, act * tokens * kv, concat=concat)
     sim.drop(query, key)
-    if recipe.attention == "eager" and mask is not None:
-        flat = eager_attention(sim, query_r, key_r, value, arch=arch, recipe=recipe, mask=mask)
-        if held is None:
-            sim.drop(flat[1])
-        else:
-            held.append(flat[1])
-        attn = flat[0]
-    else:
-        attn = fused_attention(sim, query_r, key_r, value, arch=arch, recipe=recipe, mask=mask)
-    out = linear(sim, attn, "self_attn.o_proj", (q, h), recipe)
-    sim.drop(attn)
+    out = attend(sim, query_r, key_r, value, arch=arch, recipe=recipe, mask=mask, held=held)
     # LlamaAttention.forward returns: its locals query/key/value_states die.
     sim.drop(query_r, key_r, value, *fused)
+    return out
+
+
+def attend(
+    sim: Sim,
+    query: int,
+    key: int,
+    value: int,
+    *,
+    arch: Arch,
+    recipe: TraceRecipe,
+    mask: int | None,
+    held: list[int] | None,
+) -> int:
+    """The attention kernel on RoPE'd q / k and v, then o_proj.  Eager's weights go to
+    ``held`` when given (the layer's `_` keeps them), else die at once."""
+    if recipe.attention == "eager" and mask is not None:
+        attn, weights = eager_attention(sim, query, key, value, arch=arch, recipe=recipe, mask=mask)
+        if held is None:
+            sim.drop(weights)
+        else:
+            held.append(weights)
+    else:
+        attn = fused_attention(sim, query, key, value, arch=arch, recipe=recipe, mask=mask)
+    out = linear(sim, attn, "self_attn.o_proj", (arch.heads * arch.head_dim, arch.hidden), recipe)
+    sim.drop(attn)
     return out
 
 

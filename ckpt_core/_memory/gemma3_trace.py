@@ -16,10 +16,10 @@ from ckpt_core._memory.block_trace import (
     Inputs,
     TraceModel,
     TraceRecipe,
-    eager_attention,
+    attend,
     embedding,
-    fused_attention,
     linear,
+    mlp,
     rope,
     sliding_mask,
     window_masked,
@@ -154,7 +154,7 @@ def gemma3_block(
     mid = sim.op([x, post], res * tokens * h, alias=True)  # `residual + hidden_states`
     sim.drop(post)
     pre = gemma_norm(sim, mid, tokens, h, recipe, dtype=res)
-    down = _glu_mlp(sim, pre, arch=arch, recipe=recipe)
+    down = mlp(sim, pre, arch=arch, recipe=recipe)
     sim.drop(pre)
     post = gemma_norm(sim, down, tokens, h, recipe, dtype=res)
     sim.drop(down)
@@ -176,7 +176,7 @@ def gemma3_attention(
     (batch, heads, seq, head_dim), RoPE, then attention.  sdpa: a sliding layer's
     boolean ``mask`` becomes a new additive one in the activation dtype (attention.cpp
     convert_boolean_attn_mask), which the fused kernel saves for backward.  Eager:
-    Gemma 3's eager_attention_forward is Llama's (`eager_attention`; no softcapping in Gemma 3
+    Gemma 3's eager_attention_forward is Llama's (`attend`; no softcapping in Gemma 3
     checkpoints), its weights go to ``held`` when given."""
     tokens, act = recipe.batch * recipe.seq, recipe.act
     h, d = arch.hidden, arch.head_dim
@@ -190,34 +190,9 @@ def gemma3_attention(
     sim.drop(key)
     query_r, key_r = rope(sim, query_n, act * tokens * q), rope(sim, key_n, act * tokens * kv)
     sim.drop(query_n, key_n)
-    if recipe.attention == "eager" and mask is not None:
-        attn, weights = eager_attention(
-            sim, query_r, key_r, value, arch=arch, recipe=recipe, mask=mask
-        )
-        if held is None:
-            sim.drop(weights)
-        else:
-            held.append(weights)
-    else:
-        attn = fused_attention(sim, query_r, key_r, value, arch=arch, recipe=recipe, mask=mask)
-    out = linear(sim, attn, "self_attn.o_proj", (q, h), recipe)
-    sim.drop(attn)
+    out = attend(sim, query_r, key_r, value, arch=arch, recipe=recipe, mask=mask, held=held)
     sim.drop(query_r, key_r, value)
     return out
-
-
-def _glu_mlp(sim: Sim, x: int, *, arch: Arch, recipe: TraceRecipe) -> int:
-    """Gemma3MLP.forward: ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``, left to right."""
-    tokens, act, h, inter = recipe.batch * recipe.seq, recipe.act, arch.hidden, arch.intermediate
-    gate = linear(sim, x, "mlp.gate_proj", (h, inter), recipe)
-    activated = sim.op([gate], act * tokens * inter, save=[gate])
-    sim.drop(gate)
-    up = linear(sim, x, "mlp.up_proj", (h, inter), recipe)
-    product = sim.op([activated, up], act * tokens * inter, save=[activated, up])
-    sim.drop(activated, up)
-    down = linear(sim, product, "mlp.down_proj", (inter, h), recipe)
-    sim.drop(product)
-    return down
 
 
 GEMMA3 = TraceModel(prepare=_gemma3_prepare, block=gemma3_block, norm=_final_gemma_norm)
