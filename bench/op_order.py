@@ -225,19 +225,26 @@ def _record_steps(model: Any, case: Case, events: list[Event], known: dict[int, 
     torch AdamW's step (its states at the first, foreach temporaries at each)."""
     import torch
 
-    from ckpt_core._meta.stand_ins import _sdpa_stand_in, no_data_dependent_mask_checks
+    from ckpt_core._meta.stand_ins import _dropout, _sdpa_stand_in, no_data_dependent_mask_checks
 
     trainable = [p for p in model.parameters() if p.requires_grad]
     ids = torch.zeros(case.batch, case.seq, dtype=torch.long, device="meta")
     _register(ids, events, known)
     log = _Log(events, known, eager=case.attention == "eager")
+    # On meta tensors, sdpa's fused kernel and CUDA's fused dropout (a bool mask) stand in
+    # for the CPU ones; patched module-wide, since a checkpoint's recompute runs on
+    # autograd's thread, outside any torch-function mode.
+    functional = torch.nn.functional
+    originals = (functional.scaled_dot_product_attention, functional.dropout)
     fused = _sdpa_stand_in(False)
-    original = torch.nn.functional.scaled_dot_product_attention
 
     def sdpa(query: Any, *args: Any, **kwargs: Any) -> Any:
-        return (fused if query.is_meta else original)(query, *args, **kwargs)
+        return (fused if query.is_meta else originals[0])(query, *args, **kwargs)
 
-    torch.nn.functional.scaled_dot_product_attention = sdpa
+    def dropout(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        return (_dropout if tensor.is_meta else originals[1])(tensor, *args, **kwargs)
+
+    functional.scaled_dot_product_attention, functional.dropout = sdpa, dropout
     try:
         with no_data_dependent_mask_checks():
             for step in range(2):
@@ -261,7 +268,7 @@ def _record_steps(model: Any, case: Case, events: list[Event], known: dict[int, 
                 with log:
                     log.poll()
     finally:
-        torch.nn.functional.scaled_dot_product_attention = original
+        functional.scaled_dot_product_attention, functional.dropout = originals
 
 
 def with_workspaces(events: list[Event], size: int) -> list[Event]:
