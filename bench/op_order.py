@@ -12,10 +12,12 @@ replayed through the project's `CachingAllocator` and printed next to the
 estimate's allocated peak and reserved pool (its ``peak_bytes`` less the CUDA
 context), as ratios.
 
-What meta does not show as CUDA runs it: CUDA's softmax reads fp16 scores in
-its kernel but meta makes the fp32 copy (fp16 eager is left out), and
-bitsandbytes' CUDA ``gemm_4bit`` dequantizes each weight into a buffer of its
-own past 1536 rows, which the recording adds.  QLoRA cases need
+Where meta does not run what CUDA runs: sdpa and dropout take this project's
+stand-ins (a fused kernel's saved tensors; CUDA's bool dropout mask, not the
+CPU's in the activation dtype); bitsandbytes' CUDA ``gemm_4bit`` dequantizes
+each weight into a buffer of its own past 1536 rows, which the recording
+adds; and CUDA's softmax reads fp16 scores in its kernel where meta makes the
+fp32 copy, so fp16 eager is left out.  QLoRA cases need
 ``bitsandbytes`` installed (it is not a dependency of this project); without
 it they are skipped.
 
