@@ -2,7 +2,8 @@
 
 Tensors are sizes with reference counts: a forward op allocates its outputs,
 saves what its backward needs (a reference held until that backward ran) and
-the program drops each intermediate where the Python variable dies.  The
+the program drops each intermediate where the Python variable dies; a view
+(a slice, a chunk) allocates nothing and holds its base's storage.  The
 backward walks the recorded ops in reverse: for each, it allocates the
 gradients of the inputs that require one (same bytes as the input, as
 autograd's gradients have the input's dtype; ``alias`` ops pass the gradient
