@@ -35,6 +35,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
 from ckpt_core._memory.allocator import MIB, CachingAllocator
 
 TARGETS: Final = ["q_proj", "k_proj", "v_proj", "o_proj"]
@@ -60,51 +65,45 @@ class Case:
         return FUSED_TARGETS if self.preset.startswith("phi-") else TARGETS
 
 
-class _Log:
+class _Log(TorchDispatchMode):
     """A dispatch mode that logs each new storage's malloc, and its free once unreferenced."""
 
-    def __new__(cls, events: list[Event], known: dict[int, Any], eager: bool) -> Any:
-        from torch.multiprocessing.reductions import StorageWeakRef
-        from torch.utils._python_dispatch import TorchDispatchMode
-        from torch.utils._pytree import tree_flatten
+    def __init__(self, events: list[Event], known: dict[int, Any], eager: bool) -> None:
+        super().__init__()
+        self.events, self.known, self.eager = events, known, eager
+        self.live: dict[int, Any] = {}
 
-        class Log(TorchDispatchMode):
-            def __init__(self) -> None:
-                super().__init__()
-                self.live: dict[int, Any] = {}
+    def poll(self) -> None:
+        for key in [k for k, ref in self.live.items() if ref.expired()]:
+            del self.live[key]
+            self.events.append(("free", key, 0, ""))
 
-            def poll(self) -> None:
-                for key in [k for k, ref in self.live.items() if ref.expired()]:
-                    del self.live[key]
-                    events.append(("free", key, 0, ""))
-
-            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
-                self.poll()
-                out = func(*args, **(kwargs or {}))
-                dequantized = _dequantized(func, args)
-                buffer = ("dequantized", len(events))
-                if dequantized:  # made before the output, freed on return
-                    events.append(("malloc", buffer, dequantized, ""))
-                for tensor in tree_flatten(out)[0]:
-                    if getattr(tensor, "is_meta", False):
-                        storage = tensor.untyped_storage()
-                        key = storage._cdata
-                        if key in known and known[key].expired():
-                            del known[key]  # a replaced parameter's storage: reused
-                        if key in known or key in self.live:
-                            continue
-                        self.live[key] = StorageWeakRef(storage)
-                        events.append(("malloc", key, storage.nbytes(), str(func)))
-                if dequantized:
-                    events.append(("free", buffer, 0, ""))
-                if eager and str(func) == "aten._softmax_backward_data.default":
-                    # CUDA's softmax backward: an fp32 `grad * output` temporary.
-                    grad = args[0]
-                    events.append(("malloc", ("softmax", len(events)), grad.nbytes, ""))
-                    events.append(("free", ("softmax", len(events) - 1), 0, ""))
-                return out
-
-        return Log()
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
+        self.poll()
+        out = func(*args, **(kwargs or {}))
+        events, known = self.events, self.known
+        dequantized = _dequantized(func, args)
+        buffer = ("dequantized", len(events))
+        if dequantized:  # made before the output, freed on return
+            events.append(("malloc", buffer, dequantized, ""))
+        for tensor in tree_flatten(out)[0]:
+            if getattr(tensor, "is_meta", False):
+                storage = tensor.untyped_storage()
+                key = storage._cdata
+                if key in known and known[key].expired():
+                    del known[key]  # a replaced parameter's storage: reused
+                if key in known or key in self.live:
+                    continue
+                self.live[key] = StorageWeakRef(storage)
+                events.append(("malloc", key, storage.nbytes(), str(func)))
+        if dequantized:
+            events.append(("free", buffer, 0, ""))
+        if self.eager and str(func) == "aten._softmax_backward_data.default":
+            # CUDA's softmax backward: an fp32 `grad * output` temporary.
+            temporary = ("softmax", len(events))
+            events.append(("malloc", temporary, args[0].nbytes, ""))
+            events.append(("free", temporary, 0, ""))
+        return out
 
 
 def _dequantized(func: Any, args: Any) -> int:
@@ -120,7 +119,6 @@ def _dequantized(func: Any, args: Any) -> int:
 def _quantized(fan_in: int, fan_out: int, dtype: Any) -> Any:
     """bitsandbytes' Linear4bit with an nf4 weight (block size 64) built on meta."""
     import bitsandbytes as bnb
-    import torch
     from bitsandbytes.functional import QuantState
 
     layer = bnb.nn.Linear4bit(
@@ -143,7 +141,6 @@ def _quantized(fan_in: int, fan_out: int, dtype: Any) -> Any:
 
 
 def _model(case: Case) -> Any:
-    import torch
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
     from ckpt_core import install_checkpoint_hooks
@@ -183,8 +180,6 @@ def record(case: Case) -> list[Event]:
 
 
 def _register(tensor: Any, events: list[Event], known: dict[int, Any]) -> None:
-    from torch.multiprocessing.reductions import StorageWeakRef
-
     storage = tensor.untyped_storage()
     if storage._cdata not in known:
         known[storage._cdata] = StorageWeakRef(storage)
@@ -194,8 +189,6 @@ def _register(tensor: Any, events: list[Event], known: dict[int, Any]) -> None:
 def _record_load(model: Any, quantized: bool, events: list[Event], known: dict[int, Any]) -> None:
     """The load as the estimate replays it: each quantized weight from a compute-dtype
     copy, kbit preparation's fp32 copy of every other parameter, the adapters last."""
-    import torch
-
     for name, module in model.named_modules():
         for pname, param in module.named_parameters(recurse=False):
             if "lora_" in name:
@@ -225,8 +218,6 @@ def _record_load(model: Any, quantized: bool, events: list[Event], known: dict[i
 def _record_steps(model: Any, case: Case, events: list[Event], known: dict[int, Any]) -> None:
     """A warm-up and a measured step: ``zero_grad(set_to_none=True)``, forward, backward,
     torch AdamW's step (its states at the first, foreach temporaries at each)."""
-    import torch
-
     from ckpt_core._meta.stand_ins import _dropout, _sdpa_stand_in, no_data_dependent_mask_checks
 
     trainable = [p for p in model.parameters() if p.requires_grad]
