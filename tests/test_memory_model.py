@@ -343,6 +343,8 @@ def replayed_recompute_inputs(run: Run) -> int:
         ("phi-3-mini", ["qkv_proj", "o_proj", "gate_up_proj"], 512),
         ("phi-3-mini", ["qkv_proj", "o_proj"], 512),
         ("phi-3-mini", ["qkv_proj", "o_proj"], 2048),  # its window (2047) masks
+        ("gemma-2-9b", ["q_proj", "k_proj", "v_proj", "o_proj"], 512),
+        ("olmo-2-7b", ["q_proj", "k_proj", "v_proj", "o_proj"], 512),
     ],
 )
 def test_replayed_selective_block_keeps_what_peft_keeps_on_meta(
@@ -356,7 +358,9 @@ def test_replayed_selective_block_keeps_what_peft_keeps_on_meta(
     the boolean mask it is made from, by selective's checkpoints only.  Qwen3's q / k
     norms keep their fp32 upcasts; Phi-3's q, k, v and gate, up are views of one
     projection each, whose whole output a view keeps; once its sliding window masks,
-    sdpa's additive copy of the boolean mask is kept per block, off only."""
+    sdpa's additive copy of the boolean mask is kept per block, off only.  Gemma 2's
+    eager scores keep softcapping's tanh; OLMo-2 has no norm before its attention,
+    and its full-width q / k norms and fp32 RoPE products are kept off only."""
     from peft import LoraConfig, get_peft_model
 
     layers = 2

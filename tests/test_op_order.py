@@ -15,6 +15,8 @@ from bench.op_order import Case, estimate, record, replay, with_workspaces
         Case("qwen3-8b", "lora", "bf16", "sdpa", "medium", 1, 512),
         Case("phi-3-mini", "lora", "bf16", "sdpa", "off", 1, 2048),
         Case("gemma-3-1b", "full", "bf16", "sdpa", "full", 1, 512),
+        Case("gemma-2-9b", "lora", "bf16", "eager", "off", 1, 512),
+        Case("olmo-2-7b", "lora", "bf16", "eager", "medium", 1, 512),
     ],
     ids=lambda case: f"{case.preset}-{case.method}-{case.attention}-{case.tier}-s{case.seq}",
 )
@@ -22,7 +24,8 @@ def test_the_replay_allocates_what_the_real_op_order_does(case: Case) -> None:
     """The allocated peak of the real model's warm-up and measured step, its storages'
     mallocs and frees recorded on meta and replayed through the same allocator, is the
     estimate's: Qwen3's q / k norms, Phi-3's fused projections and its sliding-window
-    mask (seq 2048 >= its window), a full fine-tune's embedding gradient."""
+    mask (seq 2048 >= its window), a full fine-tune's embedding gradient, Gemma 2's
+    logit softcapping, OLMo-2's post-norms, full-width q / k norms and fp32 RoPE."""
     allocated, reserved, workspace = estimate(case)
     real_allocated, real_reserved = replay(with_workspaces(record(case), workspace))
     assert allocated == pytest.approx(real_allocated, rel=0.002)

@@ -188,6 +188,32 @@ def test_a_recompute_waits_for_the_first_unpack() -> None:
     assert sizes[:6] == [0, 2, 4, 2, 4, 2]
 
 
+def test_a_promoted_products_input_gradient_is_made_in_fp32_then_cast() -> None:
+    """`bf16 * fp32` (OLMo-2's RoPE against fp32 cos / sin) makes an fp32 product.  Its
+    backward computes the bf16 input's gradient in fp32, and the engine casts it to
+    bf16 (validate_outputs): both are allocated, in that order."""
+    from ckpt_core._memory.allocator import CachingAllocator
+    from ckpt_core._memory.autograd_sim import Sim
+
+    sizes: list[int] = []
+
+    class Logged(CachingAllocator):
+        def malloc(self, size: int) -> tuple[int, int]:
+            sizes.append(size // MIB)
+            return super().malloc(size)
+
+    sim = Sim(allocator=Logged())
+    x = sim.new(2 * MIB, grad=True)
+    product = sim.op([x], 4 * MIB, saves_other=True, cast=True)
+    loss = sim.op([product], 1)
+    sim.drop(product)
+    sizes.clear()
+    grads = sim.backward(loss, leaves=[x])
+    # the root's gradient, the product's, then x's in fp32 and in bf16
+    assert sizes == [0, 4, 4, 2]
+    assert [sim.size(grad) for grad in grads] == [2 * MIB]
+
+
 def test_gemma3_selective_strands_one_more_fp32_logits_segment_at_8192() -> None:
     """gemma-3-1b LoRA s8192 on an H200: selective reserved 8458 MiB above its allocated
     peak (one more fp32-logits segment: 8192 x 262144 x 4 B = 8 GiB), off / medium / full

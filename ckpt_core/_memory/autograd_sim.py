@@ -228,9 +228,10 @@ class Sim:
         allocated and ``backward_scratch`` from after them (a structured
         kernel's output is allocated before its implementation's temporaries).
         ``matmul``: a cuBLAS call (its backward's too), which may make a workspace.
-        ``cast`` (with ``alias``): an input of another dtype gets a gradient of its own
-        (the engine's validate_outputs casts a gradient to its input's dtype,
-        torch/csrc/autograd/engine.cpp), the others the incoming one.
+        ``cast``: an input of another dtype gets its gradient cast to its dtype (the
+        engine's validate_outputs, torch/csrc/autograd/engine.cpp): with ``alias`` a
+        cast copy of the incoming gradient (the others get the incoming one), else a
+        gradient computed in the output's dtype, then cast, then freed.
         ``shared_weight``: the ``param_grad`` is of the weight whose gradient the
         backward made first (tied embeddings: the LM head's); the two are summed.
         """
@@ -337,7 +338,12 @@ class Sim:
                     grads[tid] = incoming[0]
                     self.tensors[incoming[0]].refs += 1
                     continue
-                fresh = self.new(size)
+                if cast and not node.alias:  # made in the output's dtype, then cast
+                    wide = self.new(self.size(node.outputs[0]))
+                    fresh = self.new(size)
+                    self.drop(wide)
+                else:
+                    fresh = self.new(size)
                 if tid in grads:  # accumulate into the existing gradient
                     self.drop(fresh)
                 else:

@@ -4,7 +4,7 @@ The buffers and their lifetimes are those of transformers' Llama-style block
 (``LlamaDecoderLayer`` / ``LlamaAttention`` / ``eager_attention_forward`` /
 ``LlamaMLP`` / ``LlamaRMSNorm``), with Phi-3's fused projections and Qwen3's
 q / k norms where the architecture has them (Gemma 3's own layer is
-`ckpt_core._memory.gemma3_trace`, on the linears, RoPE and attention kernels
+`ckpt_core._memory.gemma_trace`, on the linears, RoPE and attention kernels
 here), PEFT's ``lora.Linear.forward`` and bitsandbytes' 4-bit linear: a tensor is
 freed where the last Python name or autograd node holding it lets go, which
 decides what the caching allocator can reuse.  Each "why" names the source
@@ -173,16 +173,19 @@ def norm(
     return out
 
 
-def rope(sim: Sim, x: int, size: int, *, concat: bool = False) -> int:
-    """apply_rotary_pos_emb: `(q * cos) + (rotate_half(q) * sin)`; ``concat``: then
-    `torch.cat([rotated, q_pass])` (`Arch.rope_concat`), whose input dies at once."""
-    cos = sim.op([x], size, saves_other=True)  # MulBackward0 saves cos
+def rope(sim: Sim, x: int, size: int, *, concat: bool = False, wide: int = 0) -> int:
+    """apply_rotary_pos_emb: `(q * cos) + (rotate_half(q) * sin)` on ``x`` of ``size``
+    bytes; ``wide``: the products' bytes when fp32 cos / sin promote them (OLMo-2,
+    whose caller casts the result back); ``concat``: then `torch.cat([rotated,
+    q_pass])` (`Arch.rope_concat`), whose input dies at once."""
+    product, promoted = wide or size, bool(wide)
+    cos = sim.op([x], product, saves_other=True, cast=promoted)  # MulBackward0 saves cos
     neg = sim.op([x], size // 2)
     rotated = sim.op([neg, x], size, alias=True)
     sim.drop(neg)
-    sin = sim.op([rotated], size, saves_other=True)
+    sin = sim.op([rotated], product, saves_other=True, cast=promoted)
     sim.drop(rotated)
-    out = sim.op([cos, sin], size, alias=True)
+    out = sim.op([cos, sin], product, alias=True)
     sim.drop(cos, sin)
     if concat:
         whole = sim.op([out], size, alias=True)
@@ -354,10 +357,23 @@ def _head_normed(sim: Sim, x: int, heads: int, arch: Arch, recipe: TraceRecipe) 
     return out
 
 
+def softcap(sim: Sim, x: int, size: int) -> int:
+    """Gemma's logit softcapping, ``x = x / cap; x = tanh(x); x = x * cap``: each op makes
+    a new tensor and the rebinding frees its input (tanh's output is saved for backward)."""
+    divided = sim.op([x], size)
+    sim.drop(x)
+    tanh = sim.op([divided], size, save_out=True)
+    sim.drop(divided)
+    out = sim.op([tanh], size)
+    sim.drop(tanh)
+    return out
+
+
 def eager_attention(
     sim: Sim, query: int, key: int, value: int, *, arch: Arch, recipe: TraceRecipe, mask: int
 ) -> tuple[int, int]:
-    """eager_attention_forward; returns (attention output, attention weights)."""
+    """eager_attention_forward (with Gemma's logit softcapping when the config sets
+    it); returns (attention output, attention weights)."""
     tokens, act, batch, seq = recipe.batch * recipe.seq, recipe.act, recipe.batch, recipe.seq
     q = arch.heads * arch.head_dim
     scores = batch * arch.heads * seq * seq
@@ -377,6 +393,8 @@ def eager_attention(
         sim.drop(key_c)
     scaled = sim.op([raw], act * scores)
     sim.drop(raw)
+    if arch.attn_softcap:
+        scaled = softcap(sim, scaled, act * scores)
     masked = sim.op([scaled, mask], act * scores, alias=True)
     sim.drop(scaled)
     # SoftMax.cu softmax_backward_cuda_out: `tmp = grad * output` (fp32) is made
@@ -459,7 +477,7 @@ def embedding(sim: Sim, arch: Arch, recipe: TraceRecipe) -> int:
     return sim.op([], size, param_grad=weight, shared_weight=arch.tied)
 
 
-def _llama_prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) -> Inputs:
+def llama_prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) -> Inputs:
     """LlamaModel.forward: the embeddings, eager's float mask (sdpa: none; a boolean one
     once a sliding window every layer has is no longer than the sequence: Mistral,
     Phi-3's ``create_sliding_window_causal_mask``), then RoPE."""
@@ -492,7 +510,7 @@ def _llama_layer(
     return block(sim, x, arch=arch, recipe=recipe, mask=mask, selective=selective)
 
 
-LLAMA = TraceModel(prepare=_llama_prepare, block=_llama_layer, norm=norm)
+LLAMA = TraceModel(prepare=llama_prepare, block=_llama_layer, norm=norm)
 
 
 def window_masked(arch: Arch, recipe: TraceRecipe) -> bool:

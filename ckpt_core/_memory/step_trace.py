@@ -12,11 +12,11 @@ Op by op, the buffers are those of transformers' Llama-style decoder block,
 the same forward `ckpt_core._memory.activations` writes down (norms upcast to fp32,
 q / k / v / o and the MLP projections with their LoRA adapters, RoPE, eager
 attention's scores and fp32 softmax or a fused kernel, SwiGLU), so the
-reserved pool (`CachingAllocator`) follows from the mechanism.  Gemma 3 is
-replayed as its own forward (sandwich and q / k norms, scaled embeddings,
-sliding-window masks, two rotary tables: `gemma3_trace.GEMMA3`); the model's
-family chooses (`Family.trace`), and other families are replayed with the
-Llama block at their sizes.
+reserved pool (`CachingAllocator`) follows from the mechanism.  Gemma 2 and
+Gemma 3 are replayed as their own forward (sandwich norms, Gemma 3's q / k
+norms, scaled embeddings, sliding-window masks, their rotary tables:
+`gemma_trace`); the model's family chooses (`Family.trace`), and other
+families are replayed with the Llama block at their sizes.
 
 Pure Python; results cached per (architecture, step, tier, recipe).
 """
@@ -28,7 +28,7 @@ import functools
 from ckpt_core._memory.activations import block_modes
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.autograd_sim import Sim
-from ckpt_core._memory.block_trace import TraceRecipe, adapted
+from ckpt_core._memory.block_trace import TraceRecipe, adapted, softcap
 from ckpt_core._memory.families import family_of
 
 __all__ = ["TraceRecipe", "simulate"]
@@ -176,6 +176,8 @@ def _forward_backward(
         param_grad=recipe.weights * arch.vocab * arch.hidden if recipe.full else 0,
         matmul=True,
     )
+    if arch.final_softcap:  # Gemma2ForCausalLM.forward caps the logits before the loss
+        logits = softcap(sim, logits, head_bytes * vocab)
     upcast = sim.op([logits], 4 * vocab) if head_bytes != 4 else logits
     log_softmax = sim.op([upcast], 4 * vocab, save_out=True)
     if upcast != logits:

@@ -32,7 +32,7 @@ from ckpt_core._memory.costs import (
     lm_head_flops,
 )
 from ckpt_core._memory.family import Family, single_stack
-from ckpt_core._memory.gemma3_trace import GEMMA3
+from ckpt_core._memory.gemma_trace import GEMMA2, GEMMA3
 from ckpt_core._memory.ledger import (
     GLOBAL,
     BlockMode,
@@ -43,6 +43,7 @@ from ckpt_core._memory.ledger import (
     linear,
     norm,
 )
+from ckpt_core._memory.olmo2_trace import OLMO2
 from ckpt_core._memory.param_layout import Linear, ParamLayout, embedding_parameters
 
 # --- reading the config ---------------------------------------------------------------
@@ -87,7 +88,7 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         fused_gate_up=model_type == "phi3",
         qkv_bias=model_type == "qwen2" or bool(getattr(config, "attention_bias", False)),
         norm=norm,
-        qk_norm="head" if model_type in ("qwen3", "qwen3_moe", "gemma3_text", "gemma3") else "",
+        qk_norm=_qk_norm(model_type),
         sandwich="gemma" if gemma else "olmo2" if model_type == "olmo2" else "",
         rope_fp32=model_type == "olmo2",
         rope_concat=model_type == "phi3",
@@ -114,6 +115,13 @@ def _moe_layers(config: Any, layers: int) -> tuple[bool, ...]:
     step = read_int(config, "decoder_sparse_step", default=1)
     dense = set(getattr(config, "mlp_only_layers", None) or ())
     return tuple(i not in dense and (i + 1) % step == 0 for i in range(layers))
+
+
+def _qk_norm(model_type: str) -> str:
+    """Qwen3 and Gemma 3 normalize q and k per head; OLMo-2 over the whole projections."""
+    if model_type in ("qwen3", "qwen3_moe", "gemma3_text", "gemma3"):
+        return "head"
+    return "full" if model_type == "olmo2" else ""
 
 
 def _vision(config: Any) -> Vision:
@@ -169,9 +177,7 @@ def _param_layout(arch: Arch) -> ParamLayout:
     experts = moe * arch.experts * 3 * h * arch.moe_intermediate
     router = moe * arch.experts * h
     norms_per_block = {"gemma": 4, "olmo2": 2}.get(arch.sandwich, 2) * h
-    qk_norm = {"head": 2 * d, "full": q + kv}.get(
-        "full" if arch.model_type == "olmo2" else arch.qk_norm, 0
-    )
+    qk_norm = {"head": 2 * d, "full": q + kv}.get(arch.qk_norm, 0)
     other = n * (norms_per_block + qk_norm) + router + h  # + final norm
     linears = tuple(item for item in (*attention, *mlp) if item.count)
     if arch.vision is not None:
@@ -271,7 +277,7 @@ def _attention(led: Ledger, arch: Arch, step: Step, x: str, sliding: bool) -> No
     if arch.qk_norm == "head":
         norm(led, step, q_raw, "q_norm", kind=arch.norm, rows=tokens * arch.heads, width=d)
         norm(led, step, k_raw, "k_norm", kind=arch.norm, rows=tokens * arch.kv_heads, width=d)
-    elif arch.sandwich == "olmo2":  # OLMo-2 normalizes the whole projections
+    elif arch.qk_norm == "full":  # OLMo-2 normalizes the whole projections
         norm(led, step, q_raw, "q_norm", kind=arch.norm, rows=tokens, width=q)
         norm(led, step, k_raw, "k_norm", kind=arch.norm, rows=tokens, width=kv)
     rope_tables(led, arch, step, sliding)
@@ -340,22 +346,24 @@ def _block_flops(arch: Arch, step: Step, kind: BlockKind) -> BlockFlops:
     )
 
 
-def _gemma3(arch: Arch) -> bool:
-    return arch.model_type in ("gemma3_text", "gemma3")
+_TRACES: dict[str, TraceModel] = {
+    "gemma2": GEMMA2,
+    "gemma3_text": GEMMA3,
+    "gemma3": GEMMA3,
+    "olmo2": OLMO2,
+}
 
 
 def _trace(arch: Arch) -> TraceModel:
-    """Gemma 3's layers (sandwich and q / k norms, sliding masks) are replayed as its own;
-    every other decoder as Llama's block at its sizes."""
-    return GEMMA3 if _gemma3(arch) else LLAMA
+    """Gemma 2's, Gemma 3's and OLMo-2's layers (sandwich or post-norms, q / k norms,
+    sliding masks, logit softcapping, fp32 RoPE) are replayed as their own; every
+    other decoder as Llama's block at its sizes."""
+    return _TRACES.get(arch.model_type, LLAMA)
 
 
 def _replayed_exactly(arch: Arch) -> bool:
-    """Llama-style dense decoders, and Gemma 3 without logit softcapping (which its
-    checkpoints leave off and the replay does not run)."""
-    if _gemma3(arch):
-        return not (arch.attn_softcap or arch.final_softcap)
-    return not arch.is_moe and not arch.sandwich
+    """Every dense decoder; an MoE layer's routing is not replayed."""
+    return not arch.is_moe
 
 
 FAMILY = Family(

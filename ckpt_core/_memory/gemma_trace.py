@@ -1,14 +1,17 @@
-"""Gemma 3's decoder layer and what its model runs around the layers, for the step replay.
+"""Gemma 2's and Gemma 3's decoder layer and what their models run around it, for the replay.
 
-Gemma3DecoderLayer differs from the Llama-style block of
-`ckpt_core._memory.block_trace` in what it keeps: four sandwich norms
-(Gemma3RMSNorm computes in fp32 and scales by ``1 + weight``), q / k norms,
-the scaled word embeddings, full and sliding-window masks and two rotary
-tables.  The linears, RoPE and the attention kernels are the shared ones.
-Sizes in bytes.
+Gemma2DecoderLayer and Gemma3DecoderLayer differ from the Llama-style block of
+`ckpt_core._memory.block_trace` in what they keep: four sandwich norms
+(Gemma2RMSNorm / Gemma3RMSNorm compute in fp32 and scale by ``1 + weight``),
+the scaled word embeddings, full and sliding-window masks on alternate layers;
+Gemma 3 adds q / k norms and a second rotary table (its local layers').  The
+linears, RoPE, the attention kernels (eager's logit softcapping included) and
+the LM head (with its final softcapping) are the shared ones.  Sizes in bytes.
 """
 
 from __future__ import annotations
+
+import functools
 
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.autograd_sim import Sim
@@ -27,10 +30,11 @@ from ckpt_core._memory.block_trace import (
 
 
 def gemma_norm(sim: Sim, x: int, rows: int, width: int, recipe: TraceRecipe, *, dtype: int) -> int:
-    """Gemma3RMSNorm.forward: ``output = self._norm(x.float())`` (upcast, pow, mean + eps,
-    rsqrt, times the upcast); ``output = output * (1.0 + self.weight.float())`` in fp32;
-    ``return output.type_as(x)`` (``dtype``: the input's bytes per element).  The two
-    fp32 products are locals: the first dies at the rebinding, the second on return."""
+    """Gemma2RMSNorm.forward / Gemma3RMSNorm.forward: ``output = self._norm(x.float())``
+    (upcast, pow, mean + eps, rsqrt, times the upcast); ``output = output * (1.0 +
+    self.weight.float())`` in fp32; ``return output.type_as(x)`` (``dtype``: the
+    input's bytes per element).  The two fp32 products are locals: the first dies at
+    the rebinding, the second on return."""
     upcast = sim.op([x], 4 * rows * width) if dtype != 4 else x
     square = sim.op([upcast], 4 * rows * width, save=[upcast])
     mean = sim.op([square], 4 * rows)
@@ -57,15 +61,17 @@ def _final_gemma_norm(sim: Sim, x: int, rows: int, width: int, recipe: TraceReci
     return gemma_norm(sim, x, rows, width, recipe, dtype=recipe.residual)
 
 
-def _gemma3_prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) -> Inputs:
-    """Gemma3TextModel.forward before its layers.
+def _gemma_prepare(
+    sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int, *, rotary_tables: int
+) -> Inputs:
+    """Gemma2Model.forward / Gemma3TextModel.forward before the layers.
 
-    Gemma3TextScaledWordEmbedding: ``embedding(ids) * embed_scale`` (the lookup dies
+    The scaled word embeddings: ``embedding(ids) * embed_scale`` (the lookup dies
     at once; the product is the leaf `step_trace` holds for adapters).  The masks
-    (`_gemma3_masks`), then the global and the local rotary embeddings
-    (Gemma3RotaryEmbedding: fp32 ``freqs``, ``emb = cat(freqs, freqs)``,
-    ``cos() * attention_scaling`` and ``sin() * ...``, cast to the hidden dtype),
-    referenced by every layer's RoPE.
+    (`_gemma_masks`), then the rotary embeddings (``rotary_tables``: Gemma 2 has
+    one, Gemma 3 a global and a local one; each: fp32 ``freqs``,
+    ``emb = cat(freqs, freqs)``, ``cos() * attention_scaling`` and
+    ``sin() * ...``, cast to the hidden dtype), referenced by every layer's RoPE.
     """
     batch, seq, h, d = recipe.batch, recipe.seq, arch.hidden, arch.head_dim
     if recipe.full:
@@ -75,11 +81,11 @@ def _gemma3_prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) -
         lookup = sim.new(recipe.residual * batch * seq * h)
         hidden = sim.new(recipe.residual * batch * seq * h, grad=True)
     sim.drop(lookup)
-    full, sliding = _gemma3_masks(sim, arch, recipe)
+    full, sliding = _gemma_masks(sim, arch, recipe)
     if workspace:  # the rotary embedding's `inv_freq @ position_ids`: the first cuBLAS call
         sim.new(workspace)
     tables: list[int] = []
-    for _ in ("global", "local"):
+    for _ in range(rotary_tables):
         freqs = sim.new(4 * batch * seq * d // 2)
         emb = sim.new(4 * batch * seq * d)
         cos = sim.new(4 * batch * seq * d)
@@ -100,7 +106,7 @@ def _gemma3_prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) -
     )
 
 
-def _gemma3_masks(sim: Sim, arch: Arch, recipe: TraceRecipe) -> tuple[int | None, int | None]:
+def _gemma_masks(sim: Sim, arch: Arch, recipe: TraceRecipe) -> tuple[int | None, int | None]:
     """``create_causal_mask`` then ``create_sliding_window_causal_mask``: (full, sliding).
 
     sdpa: no mask for the full-attention layers (``is_causal``), a boolean one for the
@@ -120,7 +126,7 @@ def _gemma3_masks(sim: Sim, arch: Arch, recipe: TraceRecipe) -> tuple[int | None
     return full, sliding_mask(sim, recipe)
 
 
-def gemma3_block(
+def gemma_block(
     sim: Sim,
     x: int,
     *,
@@ -130,9 +136,10 @@ def gemma3_block(
     index: int,
     selective: bool = False,
 ) -> int:
-    """Gemma3DecoderLayer.forward: input_layernorm, self_attn, post_attention_layernorm,
-    the residual add, pre_feedforward_layernorm, the MLP, post_feedforward_layernorm,
-    the residual add; each norm's input dies where ``hidden_states`` is rebound."""
+    """Gemma2DecoderLayer.forward / Gemma3DecoderLayer.forward: input_layernorm,
+    self_attn, post_attention_layernorm, the residual add, pre_feedforward_layernorm,
+    the MLP, post_feedforward_layernorm, the residual add; each norm's input dies
+    where ``hidden_states`` is rebound."""
     tokens, res = recipe.batch * recipe.seq, recipe.residual
     h = arch.hidden
     sliding = bool(arch.sliding_layers) and arch.sliding_layers[index]
@@ -143,7 +150,7 @@ def gemma3_block(
     normed_in = gemma_norm(sim, x, tokens, h, recipe, dtype=res)
 
     def attend(s: Sim, y: int, held: list[int] | None = None) -> int:
-        return gemma3_attention(
+        return gemma_attention(
             s, y, arch=arch, recipe=recipe, mask=None if mask == -1 else mask, held=held
         )
 
@@ -163,7 +170,7 @@ def gemma3_block(
     return out
 
 
-def gemma3_attention(
+def gemma_attention(
     sim: Sim,
     x: int,
     *,
@@ -172,27 +179,38 @@ def gemma3_attention(
     mask: int | None,
     held: list[int] | None = None,
 ) -> int:
-    """Gemma3Attention.forward on the normed ``x``: q / k / v, q_norm and k_norm over
-    (batch, heads, seq, head_dim), RoPE, then attention.  sdpa: a sliding layer's
-    boolean ``mask`` becomes a new additive one in the activation dtype (attention.cpp
-    convert_boolean_attn_mask), which the fused kernel saves for backward.  Eager:
-    Gemma 3's eager_attention_forward is Llama's (`attend`; no softcapping in Gemma 3
-    checkpoints), its weights go to ``held`` when given."""
+    """Gemma2Attention.forward / Gemma3Attention.forward on the normed ``x``: q / k / v,
+    Gemma 3's q_norm and k_norm over (batch, heads, seq, head_dim), RoPE, then
+    attention.  sdpa: a sliding layer's boolean ``mask`` becomes a new additive one in
+    the activation dtype (attention.cpp convert_boolean_attn_mask), which the fused
+    kernel saves for backward.  Eager (`attend`: with the logit softcapping the config
+    asks for), its weights go to ``held`` when given."""
     tokens, act = recipe.batch * recipe.seq, recipe.act
     h, d = arch.hidden, arch.head_dim
     q, kv = arch.heads * d, arch.kv_heads * d
     query = linear(sim, x, "self_attn.q_proj", (h, q), recipe)
     key = linear(sim, x, "self_attn.k_proj", (h, kv), recipe)
     value = linear(sim, x, "self_attn.v_proj", (h, kv), recipe)
-    query_n = gemma_norm(sim, query, tokens * arch.heads, d, recipe, dtype=act)
-    sim.drop(query)
-    key_n = gemma_norm(sim, key, tokens * arch.kv_heads, d, recipe, dtype=act)
-    sim.drop(key)
-    query_r, key_r = rope(sim, query_n, act * tokens * q), rope(sim, key_n, act * tokens * kv)
-    sim.drop(query_n, key_n)
+    if arch.qk_norm == "head":  # Gemma 3: the projections die as the norms return
+        query_n = gemma_norm(sim, query, tokens * arch.heads, d, recipe, dtype=act)
+        sim.drop(query)
+        key_n = gemma_norm(sim, key, tokens * arch.kv_heads, d, recipe, dtype=act)
+        sim.drop(key)
+        query, key = query_n, key_n
+    query_r, key_r = rope(sim, query, act * tokens * q), rope(sim, key, act * tokens * kv)
+    sim.drop(query, key)
     out = attend(sim, query_r, key_r, value, arch=arch, recipe=recipe, mask=mask, held=held)
     sim.drop(query_r, key_r, value)
     return out
 
 
-GEMMA3 = TraceModel(prepare=_gemma3_prepare, block=gemma3_block, norm=_final_gemma_norm)
+GEMMA2 = TraceModel(
+    prepare=functools.partial(_gemma_prepare, rotary_tables=1),
+    block=gemma_block,
+    norm=_final_gemma_norm,
+)
+GEMMA3 = TraceModel(
+    prepare=functools.partial(_gemma_prepare, rotary_tables=2),
+    block=gemma_block,
+    norm=_final_gemma_norm,
+)

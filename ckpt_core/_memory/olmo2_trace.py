@@ -1,0 +1,128 @@
+"""OLMo-2's decoder layer, for the step replay.
+
+Olmo2DecoderLayer differs from the Llama-style block of
+`ckpt_core._memory.block_trace` in what it keeps: no norm before attention or
+MLP, a norm after each (post-norms), q / k norms over the whole projections,
+Olmo2RMSNorm scaling in fp32 before the cast back, and RoPE computed against
+fp32 cos / sin (its products are fp32, cast back on return).  Embeddings,
+masks, the linears, the attention kernels and the MLP are the shared ones.
+Sizes in bytes.
+"""
+
+from __future__ import annotations
+
+from ckpt_core._memory.arch import Arch
+from ckpt_core._memory.autograd_sim import Sim
+from ckpt_core._memory.block_trace import (
+    Inputs,
+    TraceModel,
+    TraceRecipe,
+    attend,
+    linear,
+    llama_prepare,
+    mlp,
+    rope,
+)
+
+
+def olmo_norm(
+    sim: Sim, x: int, rows: int, width: int, recipe: TraceRecipe, *, dtype: int | None = None
+) -> int:
+    """Olmo2RMSNorm.forward: ``hidden_states = hidden_states.to(float32)``, the variance,
+    ``hidden_states * rsqrt(variance + eps)`` (the rebinding lets the upcast go), then
+    ``(self.weight * hidden_states).to(input_dtype)``: the fp32 product dies after the
+    cast, the normalized value on return.  ``dtype``: the input's bytes per element
+    (the residual stream's unless given)."""
+    dtype = recipe.residual if dtype is None else dtype
+    upcast = sim.op([x], 4 * rows * width) if dtype != 4 else x
+    square = sim.op([upcast], 4 * rows * width, save=[upcast])
+    mean = sim.op([square], 4 * rows)
+    sim.drop(square)
+    rstd = sim.op([mean], 4 * rows, save_out=True)
+    sim.drop(mean)
+    normed = sim.op([upcast, rstd], 4 * rows * width, save=[upcast, rstd])
+    sim.drop(rstd)
+    if upcast != x:
+        sim.drop(upcast)
+    # MulBackward0 saves the weight for the input's gradient; the input only for the
+    # weight's (full fine-tunes).
+    scaled = sim.op(
+        [normed], 4 * rows * width, save=[normed] if recipe.full else [], saves_other=True
+    )
+    out = sim.op([scaled], dtype * rows * width) if dtype != 4 else scaled
+    if out != scaled:
+        sim.drop(scaled)
+    sim.drop(normed)
+    return out
+
+
+def _final_norm(sim: Sim, x: int, rows: int, width: int, recipe: TraceRecipe) -> int:
+    return olmo_norm(sim, x, rows, width, recipe)
+
+
+def olmo2_block(
+    sim: Sim,
+    x: int,
+    *,
+    arch: Arch,
+    recipe: TraceRecipe,
+    inputs: Inputs,
+    index: int,
+    selective: bool = False,
+) -> int:
+    """Olmo2DecoderLayer.forward: self_attn on the block input, post_attention_layernorm,
+    the residual add, the MLP, post_feedforward_layernorm, the residual add; each
+    norm's input dies where ``hidden_states`` is rebound."""
+    tokens, res, h = recipe.batch * recipe.seq, recipe.residual, arch.hidden
+    mask = inputs.mask if recipe.attention == "eager" else inputs.sliding_mask
+    # `hidden_states, _ = self.self_attn(...)` keeps eager attention's weights
+    # referenced until the layer returns.
+    weights: list[int] = []
+
+    def attention(s: Sim, y: int, held: list[int] | None = None) -> int:
+        return olmo2_attention(s, y, arch=arch, recipe=recipe, mask=mask, held=held)
+
+    out = sim.checkpoint(attention, x) if selective else attention(sim, x, weights)
+    post = olmo_norm(sim, out, tokens, h, recipe)
+    sim.drop(out)
+    mid = sim.op([x, post], res * tokens * h, alias=True)  # `residual + hidden_states`
+    sim.drop(post)
+    down = mlp(sim, mid, arch=arch, recipe=recipe)
+    post = olmo_norm(sim, down, tokens, h, recipe)
+    sim.drop(down)
+    out = sim.op([mid, post], res * tokens * h, alias=True)
+    sim.drop(post, mid, *weights)  # rebinding, then the locals `residual` and `_`
+    return out
+
+
+def olmo2_attention(
+    sim: Sim,
+    x: int,
+    *,
+    arch: Arch,
+    recipe: TraceRecipe,
+    mask: int | None,
+    held: list[int] | None = None,
+) -> int:
+    """Olmo2Attention.forward: ``q_norm(q_proj(x))`` (the projection dies as the norm
+    returns), then k's, v; apply_rotary_pos_emb against fp32 cos / sin, whose fp32
+    results live until both ``.to(q_type)`` casts are made; then attention."""
+    tokens, act = recipe.batch * recipe.seq, recipe.act
+    h, q, kv = arch.hidden, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
+    normed = []
+    for name, width in (("q", q), ("k", kv)):
+        raw = linear(sim, x, f"self_attn.{name}_proj", (h, width), recipe)
+        normed.append(olmo_norm(sim, raw, tokens, width, recipe, dtype=act))
+        sim.drop(raw)
+    value = linear(sim, x, "self_attn.v_proj", (h, kv), recipe)
+    query, key = normed
+    query_w = rope(sim, query, act * tokens * q, wide=4 * tokens * q)
+    key_w = rope(sim, key, act * tokens * kv, wide=4 * tokens * kv)
+    query_r, key_r = sim.op([query_w], act * tokens * q), sim.op([key_w], act * tokens * kv)
+    sim.drop(query_w, key_w, query, key)
+    out = attend(sim, query_r, key_r, value, arch=arch, recipe=recipe, mask=mask, held=held)
+    sim.drop(query_r, key_r, value)
+    return out
+
+
+OLMO2 = TraceModel(prepare=llama_prepare, block=olmo2_block, norm=_final_norm)
