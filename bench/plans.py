@@ -2,7 +2,8 @@
 
 Run: ``.venv/bin/python -m bench.plans`` (every bundled preset x GPU memory
 24 / 40 / 80 / 141 GiB x seq 2048 / 8192 / 32768 x method full / LoRA /
-QLoRA) or ``--quick`` (a few presets).  ``--cells`` prints every cell.
+QLoRA), ``--quick`` (a few presets) or ``--presets P ...``.  ``--cells`` prints
+every cell.
 
 Per cell, with the same memory model (`tier_memory`) and FLOPs model:
 
@@ -72,13 +73,14 @@ class Cell:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a few presets")
+    parser.add_argument("--presets", nargs="+", metavar="PRESET", help="these presets only")
     parser.add_argument("--cells", action="store_true", help="print every cell")
     parser.add_argument("--repeat", type=int, default=7, help="make_plan calls timed per cell")
     args = parser.parse_args()
 
     from ckpt_core._configs.presets import preset_names
 
-    presets = QUICK if args.quick else tuple(preset_names())
+    presets = tuple(args.presets or (QUICK if args.quick else preset_names()))
     cells: list[Cell] = []
     for preset in presets:
         for gib, seq, method in itertools.product(GPUS, SEQS, METHODS):
