@@ -3,13 +3,14 @@
 The buffers and their lifetimes are those of transformers' Llama-style block
 (``LlamaDecoderLayer`` / ``LlamaAttention`` / ``eager_attention_forward`` /
 ``LlamaMLP`` / ``LlamaRMSNorm``), with Phi-3's fused projections and Qwen3's
-q / k norms where the architecture has them (Gemma 3's own layer is
-`ckpt_core._memory.gemma_trace`, on the linears, RoPE and attention kernels
-here), PEFT's ``lora.Linear.forward`` and bitsandbytes' 4-bit linear: a tensor is
-freed where the last Python name or autograd node holding it lets go, which
-decides what the caching allocator can reuse.  Each "why" names the source
-it follows.  What a model runs around its blocks (embeddings, masks, rotary
-tables, the final norm) is its `TraceModel`, which its family selects
+q / k norms where the architecture has them (Gemma 2's and Gemma 3's own
+layer is `ckpt_core._memory.gemma_trace`, OLMo-2's `ckpt_core._memory.olmo2_trace`,
+on the linears, RoPE, attention kernels and MLP here), PEFT's
+``lora.Linear.forward`` and bitsandbytes' 4-bit linear: a tensor is freed where
+the last Python name or autograd node holding it lets go, which decides what
+the caching allocator can reuse.  Each "why" names the source it follows.
+What a model runs around its blocks (embeddings, masks, rotary tables, the
+final norm) is its `TraceModel`, which its family selects
 (`ckpt_core._memory.family.Family.trace`).  Used by
 `ckpt_core._memory.step_trace`; sizes in bytes.
 """
