@@ -9,15 +9,12 @@ on the linears, RoPE, attention kernels and MLP here), PEFT's
 ``lora.Linear.forward`` and bitsandbytes' 4-bit linear: a tensor is freed where
 the last Python name or autograd node holding it lets go, which decides what
 the caching allocator can reuse.  Each "why" names the source it follows.
-What a model runs around its blocks (embeddings, masks, rotary tables, the
-final norm) is its `TraceModel`, which its family selects
-(`ckpt_core._memory.family.Family.trace`).  Used by
-`ckpt_core._memory.step_trace`; sizes in bytes.
+What a model runs around its blocks is `ckpt_core._memory.model_trace`.
+Sizes in bytes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from ckpt_core._memory.arch import Arch
@@ -424,113 +421,3 @@ def eager_attention(
     if grouped:  # eager_attention_forward returns: repeat_kv's copies die
         sim.drop(key_f, value_f)
     return flat, probs
-
-
-# --- what a model runs around its blocks ------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Inputs:
-    """What the model's forward makes before its first block.
-
-    ``hidden``: the first block's input; ``mask``: the attention mask the blocks
-    read; ``step_held``: dropped when the backward is done (what the graph or a
-    checkpoint still references to the end); ``forward_held``: dropped before
-    the head when no block is checkpointed (nothing saves them), else with
-    ``step_held`` (the checkpoints' recomputes read them); ``mask`` is then the
-    full-attention layers' (-1: none) and ``sliding_mask`` the sliding ones'.
-    """
-
-    hidden: int
-    mask: int
-    step_held: tuple[int, ...] = ()
-    forward_held: tuple[int, ...] = ()
-    sliding_mask: int | None = None  # the sliding-window layers' mask, when they have one
-
-
-@dataclass(frozen=True, slots=True)
-class TraceModel:
-    """A model's forward around its blocks, as the replay runs it.
-
-    ``prepare(sim, arch, recipe, workspace)``: the embeddings, masks and rotary
-    tables, in the model's order (``workspace``: the first cuBLAS call's, 0 when
-    made already); ``block(sim, x, arch=, recipe=, inputs=, index=, selective=)``:
-    one decoder layer; ``norm``: the final norm.
-    """
-
-    prepare: Callable[[Sim, Arch, TraceRecipe, int], Inputs]
-    block: Callable[..., int]
-    norm: Callable[[Sim, int, int, int, TraceRecipe], int]
-
-
-def embedding(sim: Sim, arch: Arch, recipe: TraceRecipe) -> int:
-    """The token embeddings' output.
-
-    Trained (a full fine-tune), EmbeddingBackward makes the weight's dense vocab x
-    hidden gradient at the backward's end; tied to the LM head, whose backward made
-    the weight's first gradient, the two are summed (`Sim.op`'s ``shared_weight``).
-    Frozen, the output has no history (`step_trace` makes it the adapters' leaf).
-    """
-    size = recipe.residual * recipe.batch * recipe.seq * arch.hidden
-    if not recipe.full:
-        return sim.new(size, grad=True)
-    weight = recipe.weights * arch.vocab * arch.hidden
-    return sim.op([], size, param_grad=weight, shared_weight=arch.tied)
-
-
-def llama_prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) -> Inputs:
-    """LlamaModel.forward: the embeddings, eager's float mask (sdpa: none; a boolean one
-    once a sliding window every layer has is no longer than the sequence: Mistral,
-    Phi-3's ``create_sliding_window_causal_mask``), then RoPE."""
-    hidden = embedding(sim, arch, recipe)
-    eager = recipe.attention == "eager"
-    sliding = None
-    if eager:
-        mask = sim.new(recipe.act * recipe.batch * recipe.seq * recipe.seq)
-    else:
-        mask = sim.new(4)
-        if all(arch.sliding_layers) and window_masked(arch, recipe):
-            sliding = sliding_mask(sim, recipe)
-    if workspace:  # the rotary embedding's `inv_freq @ position_ids`: the first cuBLAS call
-        sim.new(workspace)
-    forward_held = () if sliding is None else (sliding,)
-    return Inputs(hidden, mask, step_held=(mask,), forward_held=forward_held, sliding_mask=sliding)
-
-
-def _llama_layer(
-    sim: Sim,
-    x: int,
-    *,
-    arch: Arch,
-    recipe: TraceRecipe,
-    inputs: Inputs,
-    index: int,
-    selective: bool = False,
-) -> int:
-    mask = inputs.mask if recipe.attention == "eager" else inputs.sliding_mask
-    return block(sim, x, arch=arch, recipe=recipe, mask=mask, selective=selective)
-
-
-LLAMA = TraceModel(prepare=llama_prepare, block=_llama_layer, norm=norm)
-
-
-def window_masked(arch: Arch, recipe: TraceRecipe) -> bool:
-    """sdpa gets a materialized sliding-window mask: masking_utils skips it (``is_causal``)
-    only while the keys are fewer than the window (``_ignore_causal_mask_sdpa``)."""
-    return arch.sliding_window is not None and recipe.seq >= arch.sliding_window
-
-
-def sliding_mask(sim: Sim, recipe: TraceRecipe) -> int:
-    """``create_sliding_window_causal_mask``: sdpa's boolean mask (masking_utils.sdpa_mask:
-    two comparisons and two ``&``); eager's float one made from it (``torch.where``)."""
-    seq = recipe.seq
-    after = sim.new(seq * seq)  # kv_idx > q_idx - window: the sliding overlay
-    causal = sim.new(seq * seq)
-    sim.drop(after)
-    before = sim.new(seq * seq)  # kv_idx <= q_idx: the causal function
-    sliding = sim.new(seq * seq)
-    sim.drop(before, causal)
-    if recipe.attention == "eager":
-        boolean, sliding = sliding, sim.new(recipe.act * recipe.batch * seq * seq)
-        sim.drop(boolean)
-    return sliding

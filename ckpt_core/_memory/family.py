@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckpt_core._memory.arch import Arch, BlockKind
-from ckpt_core._memory.block_trace import LLAMA, TraceModel
 from ckpt_core._memory.costs import BlockFlops
 from ckpt_core._memory.ledger import BlockMode, Ledger, Step
+from ckpt_core._memory.model_trace import LLAMA, TraceModel
 from ckpt_core._memory.param_layout import ParamLayout
 
 
@@ -40,7 +40,7 @@ class Family:
     - ``no_sdpa`` / ``no_flash``: model types whose classes transformers runs
       without sdpa / flash attention (checked against the classes by a test);
     - ``trace(arch)``: the forward the allocator replay runs around and in its
-      blocks (`ckpt_core._memory.block_trace.TraceModel`; Llama-style unless said);
+      blocks (`ckpt_core._memory.model_trace.TraceModel`; Llama-style unless said);
     - ``replayed_exactly(arch)``: the replay's ``trace`` is this model's own
       forward, so its allocated peak is taken from the replay; other models
       take only the replay's fragmentation.

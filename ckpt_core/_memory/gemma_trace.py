@@ -15,18 +15,8 @@ import functools
 
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.autograd_sim import Sim
-from ckpt_core._memory.block_trace import (
-    Inputs,
-    TraceModel,
-    TraceRecipe,
-    attend,
-    embedding,
-    linear,
-    mlp,
-    rope,
-    sliding_mask,
-    window_masked,
-)
+from ckpt_core._memory.block_trace import TraceRecipe, attend, linear, mlp, rope
+from ckpt_core._memory.model_trace import Inputs, TraceModel, embedding, sliding_mask, window_masked
 
 
 def gemma_norm(sim: Sim, x: int, rows: int, width: int, recipe: TraceRecipe, *, dtype: int) -> int:

@@ -13,16 +13,8 @@ from __future__ import annotations
 
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.autograd_sim import Sim
-from ckpt_core._memory.block_trace import (
-    Inputs,
-    TraceModel,
-    TraceRecipe,
-    attend,
-    linear,
-    llama_prepare,
-    mlp,
-    rope,
-)
+from ckpt_core._memory.block_trace import TraceRecipe, attend, linear, mlp, rope
+from ckpt_core._memory.model_trace import Inputs, TraceModel, llama_prepare
 
 
 def olmo_norm(

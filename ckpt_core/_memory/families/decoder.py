@@ -24,7 +24,6 @@ from ckpt_core._memory.arch import (
     read_window,
 )
 from ckpt_core._memory.attention import attention_core, mask_bytes, mask_kind, rope_tables
-from ckpt_core._memory.block_trace import LLAMA, TraceModel
 from ckpt_core._memory.costs import (
     BlockFlops,
     attention_block_flops,
@@ -43,6 +42,7 @@ from ckpt_core._memory.ledger import (
     linear,
     norm,
 )
+from ckpt_core._memory.model_trace import LLAMA, TraceModel
 from ckpt_core._memory.olmo2_trace import OLMO2
 from ckpt_core._memory.param_layout import Linear, ParamLayout, embedding_parameters
 
