@@ -108,10 +108,14 @@ def olmo2_attention(
         sim.drop(raw)
     value = linear(sim, x, "self_attn.v_proj", (h, kv), recipe)
     query, key = normed
-    query_w = rope(sim, query, act * tokens * q, wide=4 * tokens * q)
-    key_w = rope(sim, key, act * tokens * kv, wide=4 * tokens * kv)
-    query_r, key_r = sim.op([query_w], act * tokens * q), sim.op([key_w], act * tokens * kv)
-    sim.drop(query_w, key_w, query, key)
+    if act == 4:  # fp32 activations (kbit preparation): RoPE promotes nothing, casts nothing
+        query_r, key_r = rope(sim, query, 4 * tokens * q), rope(sim, key, 4 * tokens * kv)
+        sim.drop(query, key)
+    else:
+        query_w = rope(sim, query, act * tokens * q, wide=4 * tokens * q)
+        key_w = rope(sim, key, act * tokens * kv, wide=4 * tokens * kv)
+        query_r, key_r = sim.op([query_w], act * tokens * q), sim.op([key_w], act * tokens * kv)
+        sim.drop(query_w, key_w, query, key)
     out = attend(sim, query_r, key_r, value, arch=arch, recipe=recipe, mask=mask, held=held)
     sim.drop(query_r, key_r, value)
     return out
