@@ -15,6 +15,7 @@ Sizes in bytes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ckpt_core._memory.arch import Arch
@@ -141,13 +142,11 @@ def _adapter(sim: Sim, x: int, shape: tuple[int, int], recipe: TraceRecipe) -> t
     return lora_in, scaled
 
 
-def norm(
-    sim: Sim, x: int, rows: int, width: int, recipe: TraceRecipe, *, dtype: int | None = None
-) -> int:
-    """LlamaRMSNorm.forward: fp32 upcast, variance, rstd, normalized, cast back, times weight.
-
-    ``dtype``: the input's bytes per element (the residual stream's unless given)."""
-    dtype = recipe.residual if dtype is None else dtype
+def rms_normalized(sim: Sim, x: int, rows: int, width: int, *, dtype: int) -> int:
+    """What every RMSNorm here computes first: ``x.float()`` (``dtype``: x's bytes per
+    element; an fp32 input is not copied), ``pow(2).mean(-1)``, ``rsqrt(... + eps)``,
+    then ``x * rstd``, in fp32; returns the normalized value.  The upcast dies as the
+    name holding it is rebound to the product (saved for backward meanwhile)."""
     upcast = sim.op([x], 4 * rows * width) if dtype != 4 else x
     square = sim.op([upcast], 4 * rows * width, save=[upcast])
     mean = sim.op([square], 4 * rows)
@@ -158,6 +157,17 @@ def norm(
     sim.drop(rstd)
     if upcast != x:
         sim.drop(upcast)
+    return normed
+
+
+def norm(
+    sim: Sim, x: int, rows: int, width: int, recipe: TraceRecipe, *, dtype: int | None = None
+) -> int:
+    """LlamaRMSNorm.forward: `rms_normalized`, cast back, times weight.
+
+    ``dtype``: the input's bytes per element (the residual stream's unless given)."""
+    dtype = recipe.residual if dtype is None else dtype
+    normed = rms_normalized(sim, x, rows, width, dtype=dtype)
     cast = sim.op([normed], dtype * rows * width) if dtype != 4 else normed
     out_bytes = max(recipe.kept if recipe.quantized else recipe.weights, dtype)
     out = sim.op(
@@ -168,6 +178,38 @@ def norm(
     if cast != normed:
         sim.drop(cast)
     sim.drop(normed)
+    return out
+
+
+def fp32_scaled_norm(
+    sim: Sim,
+    x: int,
+    rows: int,
+    width: int,
+    recipe: TraceRecipe,
+    *,
+    dtype: int,
+    normed_is_local: bool,
+) -> int:
+    """An RMSNorm that scales by its weight in fp32, then casts back to x's ``dtype``.
+
+    Gemma's ``output = output * (1.0 + self.weight.float()); return
+    output.type_as(x)``: the rebinding frees the normalized value before the cast.
+    OLMo-2's ``return (self.weight * hidden_states).to(input_dtype)``
+    (``normed_is_local``): the normalized value lives until the return.  The fp32
+    product dies after the cast.  The product saves the weight for the input's
+    gradient, and the normalized value only for the weight's (full fine-tunes)."""
+    normed = rms_normalized(sim, x, rows, width, dtype=dtype)
+    scaled = sim.op(
+        [normed], 4 * rows * width, save=[normed] if recipe.full else [], saves_other=True
+    )
+    if not normed_is_local:
+        sim.drop(normed)
+    out = sim.op([scaled], dtype * rows * width) if dtype != 4 else scaled
+    if out != scaled:
+        sim.drop(scaled)
+    if normed_is_local:
+        sim.drop(normed)
     return out
 
 
@@ -226,6 +268,46 @@ def block(
     sim.drop(normed)  # the layer rebinds hidden_states to the MLP's output
     out = sim.op([mid, down], recipe.residual * tokens * h, alias=True)
     sim.drop(down, mid, *weights)  # rebinding, then the locals `residual` and `_`
+    return out
+
+
+def post_normed_layer(
+    sim: Sim,
+    x: int,
+    *,
+    arch: Arch,
+    recipe: TraceRecipe,
+    attention: Callable[..., int],
+    layer_norm: Callable[[Sim, int], int],
+    pre_norms: bool,
+    selective: bool,
+) -> int:
+    """A decoder layer that normalizes each branch's output before its residual add:
+    Gemma's sandwich (``pre_norms``: input_layernorm and pre_feedforward_layernorm
+    too) and OLMo-2's post-norms (the attention and the MLP read the residual
+    stream).  ``attention(sim, y, held)`` is the layer's self_attn, checkpointed
+    alone when ``selective``; ``layer_norm(sim, y)`` one of its hidden-size norms.
+    Each norm's input dies where ``hidden_states`` is rebound."""
+    tokens, res, h = recipe.batch * recipe.seq, recipe.residual, arch.hidden
+    # `hidden_states, _ = self.self_attn(...)` keeps eager attention's weights
+    # referenced until the layer returns.
+    weights: list[int] = []
+    attn_in = layer_norm(sim, x) if pre_norms else x
+    out = sim.checkpoint(attention, attn_in) if selective else attention(sim, attn_in, weights)
+    if attn_in != x:
+        sim.drop(attn_in)
+    post = layer_norm(sim, out)
+    sim.drop(out)
+    mid = sim.op([x, post], res * tokens * h, alias=True)  # `residual + hidden_states`
+    sim.drop(post)
+    mlp_in = layer_norm(sim, mid) if pre_norms else mid
+    down = mlp(sim, mlp_in, arch=arch, recipe=recipe)
+    if mlp_in != mid:
+        sim.drop(mlp_in)
+    post = layer_norm(sim, down)
+    sim.drop(down)
+    out = sim.op([mid, post], res * tokens * h, alias=True)
+    sim.drop(post, mid, *weights)  # rebinding, then the locals `residual` and `_`
     return out
 
 

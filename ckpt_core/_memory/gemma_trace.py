@@ -15,36 +15,22 @@ import functools
 
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.autograd_sim import Sim
-from ckpt_core._memory.block_trace import TraceRecipe, attend, linear, mlp, rope
+from ckpt_core._memory.block_trace import (
+    TraceRecipe,
+    attend,
+    fp32_scaled_norm,
+    linear,
+    post_normed_layer,
+    rope,
+)
 from ckpt_core._memory.model_trace import Inputs, TraceModel, embedding, sliding_mask, window_masked
 
 
 def gemma_norm(sim: Sim, x: int, rows: int, width: int, recipe: TraceRecipe, *, dtype: int) -> int:
-    """Gemma2RMSNorm.forward / Gemma3RMSNorm.forward: ``output = self._norm(x.float())``
-    (upcast, pow, mean + eps, rsqrt, times the upcast); ``output = output * (1.0 +
-    self.weight.float())`` in fp32; ``return output.type_as(x)`` (``dtype``: the
-    input's bytes per element).  The two fp32 products are locals: the first dies at
-    the rebinding, the second on return."""
-    upcast = sim.op([x], 4 * rows * width) if dtype != 4 else x
-    square = sim.op([upcast], 4 * rows * width, save=[upcast])
-    mean = sim.op([square], 4 * rows)
-    sim.drop(square)
-    rstd = sim.op([mean], 4 * rows, save_out=True)
-    sim.drop(mean)
-    normed = sim.op([upcast, rstd], 4 * rows * width, save=[upcast, rstd])
-    sim.drop(rstd)
-    # `(1.0 + self.weight.float())` is saved for the normed input's gradient; the normed
-    # tensor only for the weight's (full fine-tunes).
-    scaled = sim.op(
-        [normed], 4 * rows * width, save=[normed] if recipe.full else [], saves_other=True
-    )
-    sim.drop(normed)
-    if upcast != x:
-        sim.drop(upcast)
-    out = sim.op([scaled], dtype * rows * width) if dtype != 4 else scaled
-    if out != scaled:
-        sim.drop(scaled)
-    return out
+    """Gemma2RMSNorm.forward / Gemma3RMSNorm.forward: ``output = self._norm(x.float())``,
+    ``output = output * (1.0 + self.weight.float())`` in fp32, ``return
+    output.type_as(x)`` (``dtype``: the input's bytes per element)."""
+    return fp32_scaled_norm(sim, x, rows, width, recipe, dtype=dtype, normed_is_local=False)
 
 
 def _final_gemma_norm(sim: Sim, x: int, rows: int, width: int, recipe: TraceRecipe) -> int:
@@ -128,36 +114,29 @@ def gemma_block(
 ) -> int:
     """Gemma2DecoderLayer.forward / Gemma3DecoderLayer.forward: input_layernorm,
     self_attn, post_attention_layernorm, the residual add, pre_feedforward_layernorm,
-    the MLP, post_feedforward_layernorm, the residual add; each norm's input dies
-    where ``hidden_states`` is rebound."""
+    the MLP, post_feedforward_layernorm, the residual add (`post_normed_layer`)."""
     tokens, res = recipe.batch * recipe.seq, recipe.residual
-    h = arch.hidden
     sliding = bool(arch.sliding_layers) and arch.sliding_layers[index]
     mask = inputs.sliding_mask if sliding else inputs.mask
-    # `hidden_states, _ = self.self_attn(...)` keeps eager attention's weights
-    # referenced until the layer returns.
-    weights: list[int] = []
-    normed_in = gemma_norm(sim, x, tokens, h, recipe, dtype=res)
 
-    def attend(s: Sim, y: int, held: list[int] | None = None) -> int:
+    def attention(s: Sim, y: int, held: list[int] | None = None) -> int:
         return gemma_attention(
             s, y, arch=arch, recipe=recipe, mask=None if mask == -1 else mask, held=held
         )
 
-    out = sim.checkpoint(attend, normed_in) if selective else attend(sim, normed_in, weights)
-    sim.drop(normed_in)
-    post = gemma_norm(sim, out, tokens, h, recipe, dtype=res)
-    sim.drop(out)
-    mid = sim.op([x, post], res * tokens * h, alias=True)  # `residual + hidden_states`
-    sim.drop(post)
-    pre = gemma_norm(sim, mid, tokens, h, recipe, dtype=res)
-    down = mlp(sim, pre, arch=arch, recipe=recipe)
-    sim.drop(pre)
-    post = gemma_norm(sim, down, tokens, h, recipe, dtype=res)
-    sim.drop(down)
-    out = sim.op([mid, post], res * tokens * h, alias=True)
-    sim.drop(post, mid, *weights)  # rebinding, then the locals `residual` and `_`
-    return out
+    def layer_norm(s: Sim, y: int) -> int:
+        return gemma_norm(s, y, tokens, arch.hidden, recipe, dtype=res)
+
+    return post_normed_layer(
+        sim,
+        x,
+        arch=arch,
+        recipe=recipe,
+        attention=attention,
+        layer_norm=layer_norm,
+        pre_norms=True,
+        selective=selective,
+    )
 
 
 def gemma_attention(

@@ -13,39 +13,25 @@ from __future__ import annotations
 
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.autograd_sim import Sim
-from ckpt_core._memory.block_trace import TraceRecipe, attend, linear, mlp, rope
+from ckpt_core._memory.block_trace import (
+    TraceRecipe,
+    attend,
+    fp32_scaled_norm,
+    linear,
+    post_normed_layer,
+    rope,
+)
 from ckpt_core._memory.model_trace import Inputs, TraceModel, llama_prepare
 
 
 def olmo_norm(
     sim: Sim, x: int, rows: int, width: int, recipe: TraceRecipe, *, dtype: int | None = None
 ) -> int:
-    """Olmo2RMSNorm.forward: ``hidden_states = hidden_states.to(float32)``, the variance,
-    ``hidden_states * rsqrt(variance + eps)`` (the rebinding lets the upcast go), then
-    ``(self.weight * hidden_states).to(input_dtype)``: the fp32 product dies after the
-    cast, the normalized value on return.  ``dtype``: the input's bytes per element
-    (the residual stream's unless given)."""
+    """Olmo2RMSNorm.forward: ``hidden_states.to(float32)``, normalized, then
+    ``(self.weight * hidden_states).to(input_dtype)`` (``dtype``: the input's bytes
+    per element, the residual stream's unless given)."""
     dtype = recipe.residual if dtype is None else dtype
-    upcast = sim.op([x], 4 * rows * width) if dtype != 4 else x
-    square = sim.op([upcast], 4 * rows * width, save=[upcast])
-    mean = sim.op([square], 4 * rows)
-    sim.drop(square)
-    rstd = sim.op([mean], 4 * rows, save_out=True)
-    sim.drop(mean)
-    normed = sim.op([upcast, rstd], 4 * rows * width, save=[upcast, rstd])
-    sim.drop(rstd)
-    if upcast != x:
-        sim.drop(upcast)
-    # MulBackward0 saves the weight for the input's gradient; the input only for the
-    # weight's (full fine-tunes).
-    scaled = sim.op(
-        [normed], 4 * rows * width, save=[normed] if recipe.full else [], saves_other=True
-    )
-    out = sim.op([scaled], dtype * rows * width) if dtype != 4 else scaled
-    if out != scaled:
-        sim.drop(scaled)
-    sim.drop(normed)
-    return out
+    return fp32_scaled_norm(sim, x, rows, width, recipe, dtype=dtype, normed_is_local=True)
 
 
 def _final_norm(sim: Sim, x: int, rows: int, width: int, recipe: TraceRecipe) -> int:
@@ -63,28 +49,27 @@ def olmo2_block(
     selective: bool = False,
 ) -> int:
     """Olmo2DecoderLayer.forward: self_attn on the block input, post_attention_layernorm,
-    the residual add, the MLP, post_feedforward_layernorm, the residual add; each
-    norm's input dies where ``hidden_states`` is rebound."""
-    tokens, res, h = recipe.batch * recipe.seq, recipe.residual, arch.hidden
+    the residual add, the MLP, post_feedforward_layernorm, the residual add
+    (`post_normed_layer`)."""
+    tokens = recipe.batch * recipe.seq
     mask = inputs.mask if recipe.attention == "eager" else inputs.sliding_mask
-    # `hidden_states, _ = self.self_attn(...)` keeps eager attention's weights
-    # referenced until the layer returns.
-    weights: list[int] = []
 
     def attention(s: Sim, y: int, held: list[int] | None = None) -> int:
         return olmo2_attention(s, y, arch=arch, recipe=recipe, mask=mask, held=held)
 
-    out = sim.checkpoint(attention, x) if selective else attention(sim, x, weights)
-    post = olmo_norm(sim, out, tokens, h, recipe)
-    sim.drop(out)
-    mid = sim.op([x, post], res * tokens * h, alias=True)  # `residual + hidden_states`
-    sim.drop(post)
-    down = mlp(sim, mid, arch=arch, recipe=recipe)
-    post = olmo_norm(sim, down, tokens, h, recipe)
-    sim.drop(down)
-    out = sim.op([mid, post], res * tokens * h, alias=True)
-    sim.drop(post, mid, *weights)  # rebinding, then the locals `residual` and `_`
-    return out
+    def layer_norm(s: Sim, y: int) -> int:
+        return olmo_norm(s, y, tokens, arch.hidden, recipe)
+
+    return post_normed_layer(
+        sim,
+        x,
+        arch=arch,
+        recipe=recipe,
+        attention=attention,
+        layer_norm=layer_norm,
+        pre_norms=False,
+        selective=selective,
+    )
 
 
 def olmo2_attention(
