@@ -233,10 +233,10 @@ def tier_memory(
     block-level plans and the alternatives all call it (through `PeakModel`).
     Without a `Recipe`, gradients are held all step (the conservative old
     default).  A tier is replayed through the caching allocator; a block-level
-    assignment takes the closed-form allocated peak (at least the full tier's
-    replayed one) plus the full tier's replayed fragmentation.  ``replay=False``
-    skips the replay: the peak is then
-    the closed-form allocated peak + context, a quick lower bound for searches.
+    assignment takes the closed-form allocated peak plus what the closed form
+    misses at the full tier's replayed one (and at least that peak), and the full
+    tier's replayed fragmentation.  ``replay=False`` skips the replay: the peak is
+    then the closed-form allocated peak + context, a quick estimate for searches.
     """
     activations = activation_bytes(arch, step, assignment)
     transient = transient_bytes(arch, step, assignment)
@@ -265,8 +265,11 @@ def tier_memory(
             allocated = simulated
         else:
             allocated += workspaces
-            if exact:  # between the tiers a plan holds at least what full holds (its replay)
-                allocated = max(allocated, simulated)
+            if exact:
+                # Between the tiers a plan holds at least what full holds, and what the
+                # closed form misses at full (the replay's excess over it) it misses too.
+                full = max(allocated_moments(arch, step, "full", resident, recipe).values())
+                allocated = max(allocated + max(0, simulated - full - workspaces), simulated)
         reserved = allocated + reserved - simulated
     return TierMemory(activations, transient, allocated, reserved + context_bytes)
 

@@ -4,7 +4,8 @@ Two moments compete for the step's peak (`ckpt_core._memory.estimate` takes the 
 
 - the loss backward, right after forward: the gradient of the log-softmax and
   its input, each vocab x tokens (fp32 for causal LMs, whose loss upcasts the
-  logits; the dtype for BERT / T5), plus the softcapping tanh's gradient;
+  logits; the dtype for BERT / T5).  Logit softcapping's gradients come after
+  both are freed, one logits-sized tensor at a time;
 - one block's backward: a checkpointed block is recomputed first, so its
   activations exist again (for selective, its attention's), plus the gradient
   buffers of the block's widest op (MLP intermediate, MoE expert rows, or the
@@ -41,8 +42,7 @@ def transient_bytes(arch: Arch, step: Step, assignment: Assignment) -> int:
 def loss_backward(arch: Arch, step: Step) -> int:
     logits = step.tokens * arch.vocab
     loss_bytes = 4 if family_of(arch).loss_in_fp32 else step.dtype_bytes
-    softcap = step.dtype_bytes * logits if arch.final_softcap else 0
-    return 2 * loss_bytes * logits + softcap
+    return 2 * loss_bytes * logits
 
 
 def recomputed(arch: Arch, step: Step, assignment: Assignment) -> int:
