@@ -347,3 +347,29 @@ def test_a_plan_between_the_tiers_adds_what_it_keeps_to_the_full_tiers_replayed_
     assert peak("full") > peak("full", replay=False)  # what the closed form misses
     assert kept_beyond_full > 0
     assert peak(plan) == peak("full") + kept_beyond_full
+
+
+def test_the_replay_loads_gemma3s_vision_tower_and_trains_none_of_it() -> None:
+    """gemma-3-4b is Gemma3ForConditionalGeneration: its SigLIP tower and projector (420M
+    parameters) are loaded with the text model.  Text-only training never runs them, so
+    a full fine-tune gives them no gradient, and AdamW makes no state for a parameter
+    whose ``.grad`` is None: the replay loads them and trains the rest."""
+    import torch
+
+    from ckpt_core._configs.model_config import build_meta_model, load_model_config
+    from ckpt_core._memory.autograd_sim import Sim
+    from ckpt_core._memory.step_trace import _load
+
+    model_input = {"preset": "gemma-3-4b"}
+    model = build_meta_model(load_model_config(model_input), attention="sdpa").to(torch.bfloat16)
+    held = sum(p.nbytes for p in model.parameters())
+    towers = ("vision_tower", "multi_modal_projector")
+    idle = sum(p.nbytes for n, p in model.named_parameters() if any(t in n for t in towers))
+    assert idle > 800 * MIB
+
+    run = prepare(model_facts(model_input), parse_workload({"method": "full", "seq_len": 512}))
+    assert run.recipe.trace is not None
+    sim = Sim()
+    trainable = _load(sim, run.facts.arch, run.recipe.trace)
+    assert sum(sim.size(tid) for tid in sim.tensors) == pytest.approx(held, rel=1e-4)
+    assert sum(trainable) == pytest.approx(held - idle, rel=1e-4)

@@ -123,7 +123,7 @@ def static_memory(layout: ParamLayout, workload: Workload, lora_parameters: int)
     """Weights by storage, plus gradients and optimizer states of what is trained."""
     weights = _weight_bytes(layout, workload)
     if workload.method == "full":
-        trainable = layout.total
+        trainable = layout.trained
         grad_bytes = DTYPE_BYTES[workload.weight_storage]
     else:
         trainable = lora_parameters

@@ -43,7 +43,10 @@ class Family:
       blocks (`ckpt_core._memory.model_trace.TraceModel`; Llama-style unless said);
     - ``replayed_exactly(arch)``: the replay's ``trace`` is this model's own
       forward, so its allocated peak is taken from the replay; other models
-      take only the replay's fragmentation.
+      take only the replay's fragmentation;
+    - ``idle_tensors(arch)``: parameters loaded but never run by text-only
+      training (Gemma 3's vision tower), per tensor in module order: the replay
+      loads them, and they get no gradient and no optimizer state.
     """
 
     name: str
@@ -62,6 +65,7 @@ class Family:
     no_flash: frozenset[str] = frozenset()
     trace: Callable[[Arch], TraceModel] = lambda arch: LLAMA
     replayed_exactly: Callable[[Arch], bool] = lambda arch: False
+    idle_tensors: Callable[[Arch], tuple[int, ...]] = lambda arch: ()
 
 
 def single_stack(arch: Arch) -> tuple[int, ...]:

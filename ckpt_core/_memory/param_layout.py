@@ -50,7 +50,9 @@ class ParamLayout:
     linears: tuple[Linear, ...]  # inside the blocks: attention and MLP projections
     experts: int  # MoE expert tensors
     embeddings: int  # input embeddings, plus the LM head when it is not tied
-    other: int  # norms, biases of non-linear modules, routers, position tables, vision tower
+    other: int  # norms, biases of non-linear modules, routers, position tables
+    # Loaded, never run by text-only training (a vision tower): no gradient, no state.
+    idle: int = 0
 
     @property
     def linear_parameters(self) -> int:
@@ -58,7 +60,12 @@ class ParamLayout:
 
     @property
     def total(self) -> int:
-        return self.linear_parameters + self.experts + self.embeddings + self.other
+        return self.linear_parameters + self.experts + self.embeddings + self.other + self.idle
+
+    @property
+    def trained(self) -> int:
+        """What a full fine-tune trains: every parameter the step runs."""
+        return self.total - self.idle
 
 
 def embedding_parameters(arch: Arch) -> int:

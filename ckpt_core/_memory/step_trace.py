@@ -86,6 +86,8 @@ def _load(sim: Sim, arch: Arch, recipe: TraceRecipe) -> list[int]:
     heads = 1 if arch.tied else 2
     embedding = recipe.weights * arch.vocab * arch.hidden
     trainable: list[int] = [embedding] if recipe.full else []
+    # A tower text-only training never runs comes first in module order; never trained.
+    idle = [sim.new(recipe.weights * n) for n in family_of(arch).idle_tensors(arch)]
     embeddings = [sim.new(embedding) for _ in range(heads)]
     norms = [sim.new(recipe.weights * arch.hidden) for _ in range(2 * arch.layers + 1)]
     for _ in range(arch.layers):
@@ -101,7 +103,7 @@ def _load(sim: Sim, arch: Arch, recipe: TraceRecipe) -> list[int]:
                 if recipe.full:
                     trainable.append(recipe.weights * n)
     if recipe.quantized and recipe.kept != recipe.weights:
-        for tensor in embeddings + norms:
+        for tensor in idle + embeddings + norms:
             sim.new(sim.size(tensor) // recipe.weights * recipe.kept)
             sim.drop(tensor)
     if recipe.full and not arch.tied:

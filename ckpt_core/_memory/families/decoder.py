@@ -180,17 +180,22 @@ def _param_layout(arch: Arch) -> ParamLayout:
     qk_norm = {"head": 2 * d, "full": q + kv}.get(arch.qk_norm, 0)
     other = n * (norms_per_block + qk_norm) + router + h  # + final norm
     linears = tuple(item for item in (*attention, *mlp) if item.count)
-    if arch.vision is not None:
-        other += _vision_parameters(arch.vision)
-    return ParamLayout(linears, experts, embedding_parameters(arch), other)
+    idle = sum(_vision_tensors(arch))
+    return ParamLayout(linears, experts, embedding_parameters(arch), other, idle)
 
 
-def _vision_parameters(vision: Vision) -> int:
-    """A SigLIP vision tower without head, plus the projector into the text model."""
+def _vision_tensors(arch: Arch) -> tuple[int, ...]:
+    """Gemma 3's SigLIP vision tower without head, then the projector into the text
+    model, per parameter tensor in module order (elements); none without a tower."""
+    vision = arch.vision
+    if vision is None:
+        return ()
     hv, inter = vision.hidden, vision.intermediate
-    block = 4 * (hv * hv + hv) + (hv * inter + inter) + (inter * hv + hv) + 4 * hv
-    embeddings = vision.patch_pixels * hv + hv + vision.patches * hv
-    return embeddings + vision.layers * block + 2 * hv + vision.projector
+    embeddings = (vision.patch_pixels * hv, hv, vision.patches * hv)  # patch conv, positions
+    attention = (hv * hv, hv) * 4  # k, v, q, out projections with biases
+    layer = (hv, hv, *attention, hv, hv, hv * inter, inter, inter * hv, hv)
+    projector = (vision.projector - hv, hv)  # the input projection, the soft-embedding norm
+    return (*embeddings, *layer * vision.layers, hv, hv, *projector)
 
 
 # --- what the forward keeps -------------------------------------------------------
@@ -394,4 +399,5 @@ FAMILY = Family(
     no_flash=frozenset({"gemma3"}),
     trace=_trace,
     replayed_exactly=_replayed_exactly,
+    idle_tensors=_vision_tensors,
 )
