@@ -12,7 +12,8 @@ LoRA through ``get_peft_model``, adapters fp32, ``lora_alpha = 2r``, dropout
 0), the tier with this project's hooks (``--hooks project``) or HF's native
 checkpointing (``--hooks hf``, full only), then runs ``--warmup`` steps and one
 measured step: ``zero_grad(set_to_none=True)``, ``out = model(input_ids=x,
-labels=x)``, ``out.loss.backward()``, ``optimizer.step()`` (torch AdamW on the
+labels=x, use_cache=False)`` (a multimodal model's text config keeps its own
+``use_cache``), ``out.loss.backward()``, ``optimizer.step()`` (torch AdamW on the
 trainable parameters).  It appends one row (measured fields plus the
 estimate's prediction) to ``--out``, which ``bench/gpu_truth.py`` scores.
 Without CUDA it exits with status 3 and says so.
@@ -230,7 +231,7 @@ def prepared_model(
 def training_step(model: Any, optimizer: Any, ids: Any) -> float:
     """One step as the shared rows ran it; returns the loss."""
     optimizer.zero_grad(set_to_none=True)
-    out = model(input_ids=ids, labels=ids)
+    out = model(input_ids=ids, labels=ids, use_cache=False)
     out.loss.backward()
     optimizer.step()
     return float(out.loss.detach())

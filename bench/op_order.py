@@ -245,17 +245,19 @@ def _record_steps(model: Any, case: Case, events: list[Event], known: dict[int, 
                 for param in trainable:
                     param.grad = None
                 with log:
-                    out = model(input_ids=ids, labels=ids)
+                    out = model(input_ids=ids, labels=ids, use_cache=False)
                     events.append(("mark", "loss", 0, ""))
                     out.loss.backward()
                     log.poll()
+                # AdamW skips a parameter without a gradient (one the forward never ran).
+                stepped = [param for param in trainable if param.grad is not None]
                 if step == 0:
-                    for i, param in enumerate(trainable):
+                    for i, param in enumerate(stepped):
                         events.append(("malloc", ("exp_avg", i), param.nbytes, ""))
                         events.append(("malloc", ("exp_avg_sq", i), param.nbytes, ""))
-                for i, param in enumerate(trainable):
+                for i, param in enumerate(stepped):
                     events.append(("malloc", ("foreach", step, i), param.nbytes, ""))
-                for i, _ in enumerate(trainable):
+                for i, _ in enumerate(stepped):
                     events.append(("free", ("foreach", step, i), 0, ""))
                 del out
                 with log:

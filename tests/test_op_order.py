@@ -17,6 +17,7 @@ from bench.op_order import Case, estimate, record, replay, with_workspaces
         Case("gemma-3-1b", "full", "bf16", "sdpa", "full", 1, 512),
         Case("gemma-2-9b", "lora", "bf16", "eager", "off", 1, 512),
         Case("olmo-2-7b", "lora", "bf16", "eager", "medium", 1, 512),
+        Case("gemma-3-4b", "lora", "bf16", "sdpa", "off", 1, 1024),
     ],
     ids=lambda case: f"{case.preset}-{case.method}-{case.attention}-{case.tier}-s{case.seq}",
 )
@@ -25,7 +26,9 @@ def test_the_replay_allocates_what_the_real_op_order_does(case: Case) -> None:
     mallocs and frees recorded on meta and replayed through the same allocator, is the
     estimate's: Qwen3's q / k norms, Phi-3's fused projections and its sliding-window
     mask (seq 2048 >= its window), a full fine-tune's embedding gradient, Gemma 2's
-    logit softcapping, OLMo-2's post-norms, full-width q / k norms and fp32 RoPE."""
+    logit softcapping, OLMo-2's post-norms, full-width q / k norms and fp32 RoPE,
+    Gemma 3's vision tower (loaded, never run) and its sliding layers' K / V copies
+    (with a mask, sdpa gets grouped heads repeated: seq 1024 = its window)."""
     allocated, reserved, workspace = estimate(case)
     real_allocated, real_reserved = replay(with_workspaces(record(case), workspace))
     assert allocated == pytest.approx(real_allocated, rel=0.002)

@@ -412,17 +412,21 @@ def fused_attention(
     sim: Sim, query: int, key: int, value: int, *, arch: Arch, recipe: TraceRecipe, mask: int | None
 ) -> int:
     """A fused sdpa kernel: it saves q, k, v, its output, the log-sum-exp and, for a
-    boolean ``mask``, the additive mask it converts it to."""
+    boolean ``mask``, the additive mask it converts it to.
+
+    transformers' sdpa_attention_forward leaves grouped heads to the kernel
+    (``enable_gqa``) only without a mask (use_gqa_in_sdpa): with one, repeat_kv
+    copies K and V to every head (one kv head: a stride-0 view, no copy), the
+    kernel saves the copies, and their names die as it returns."""
     batch, seq = recipe.batch, recipe.seq
+    q_bytes = recipe.act * batch * seq * arch.heads * arch.head_dim
+    copies: tuple[int, ...] = ()
+    if mask is not None and recipe.attention == "fused" and 1 < arch.kv_heads < arch.heads:
+        key, value = copies = (sim.op([key], q_bytes), sim.op([value], q_bytes))
     bias = [sim.new(recipe.act * batch * seq * seq)] if mask is not None else []
     lse = sim.new(4 * batch * arch.heads * seq)
-    attn = sim.op(
-        [query, key, value],
-        recipe.act * batch * seq * arch.heads * arch.head_dim,
-        save=[query, key, value, lse, *bias],
-        save_out=True,
-    )
-    sim.drop(lse, *bias)
+    attn = sim.op([query, key, value], q_bytes, save=[query, key, value, lse, *bias], save_out=True)
+    sim.drop(lse, *bias, *copies)
     return attn
 
 
