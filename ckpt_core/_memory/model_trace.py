@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.autograd_sim import Sim
-from ckpt_core._memory.block_trace import TraceRecipe, block, norm
+from ckpt_core._memory.block_trace import block, norm
+from ckpt_core._memory.linear_trace import TraceRecipe
 
 
 @dataclass(frozen=True, slots=True)

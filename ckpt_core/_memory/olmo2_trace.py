@@ -14,13 +14,12 @@ from __future__ import annotations
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.autograd_sim import Sim
 from ckpt_core._memory.block_trace import (
-    TraceRecipe,
     attend,
     fp32_scaled_norm,
-    linear,
     post_normed_layer,
     rope,
 )
+from ckpt_core._memory.linear_trace import TraceRecipe, linear
 from ckpt_core._memory.model_trace import Inputs, TraceModel, llama_prepare
 
 

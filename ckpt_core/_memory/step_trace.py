@@ -28,8 +28,9 @@ import functools
 from ckpt_core._memory.activations import block_modes
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.autograd_sim import Sim
-from ckpt_core._memory.block_trace import TraceRecipe, adapted, softcap
+from ckpt_core._memory.block_trace import softcap
 from ckpt_core._memory.families import family_of
+from ckpt_core._memory.linear_trace import TraceRecipe, adapted
 
 __all__ = ["TraceRecipe", "simulate"]
 

@@ -1,0 +1,134 @@
+"""A linear layer's allocations for the step replay, with its LoRA adapter.
+
+What the replay needs to know of a recipe (`TraceRecipe`), and a block linear
+op by op: the plain matmul, or bitsandbytes' 4-bit one (cast to the compute
+dtype, dequantize, cast back), and PEFT's ``lora.Linear.forward`` /
+``lora.bnb.Linear4bit.forward`` on top.  A tensor is freed where the last
+Python name or autograd node holding it lets go.  Sizes in bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ckpt_core._memory.autograd_sim import Sim
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRecipe:
+    """What the replay needs beyond the architecture (bytes per element unless said)."""
+
+    batch: int
+    seq: int
+    act: int  # activations (4 after kbit preparation)
+    compute: int  # the compute dtype (bitsandbytes' matmuls)
+    residual: int  # the residual stream between blocks
+    attention: str  # eager | fused | flash
+    weights: int  # bytes of a non-quantized parameter as loaded
+    kept: int  # bytes of a non-quantized parameter after preparation
+    quantized: bool
+    double_quant: bool
+    full: bool  # full fine-tune: every parameter trained
+    lora_rank: int
+    adapted: frozenset[str]
+    logits: int  # LM head output bytes, 0 when the output is dropped before backward
+    state_bytes: float  # optimizer state bytes (both states) per byte of trainable parameter
+    foreach_temp: bool  # torch AdamW's foreach temporary
+    accumulate: bool
+    eager_extra: bool = True  # CUDA softmax backward's fp32 grad * output temporary
+    # fp16 scores: CUDA's softmax upcasts inside its kernel; bf16 ones are copied to fp32 first.
+    half_scores: bool = False
+    blas_workspace: int = 0  # one cuBLAS workspace (`ckpt_core._memory.workspace`)
+
+
+def adapted(recipe: TraceRecipe, name: str) -> bool:
+    return any(name == target or name.endswith("." + target) for target in recipe.adapted) or (
+        name in recipe.adapted
+    )
+
+
+def linear(sim: Sim, x: int, name: str, shape: tuple[int, int], recipe: TraceRecipe) -> int:
+    """A block linear (bitsandbytes' when quantized) and its LoRA adapter."""
+    fan_in, fan_out = shape
+    tokens = recipe.batch * recipe.seq
+    act, compute = recipe.act, recipe.compute
+    if recipe.quantized:  # bitsandbytes: cast to the compute dtype, dequantize, cast back
+        cast = sim.op([x], compute * tokens * fan_in) if act != compute else x
+        out = sim.op(
+            [cast],
+            compute * tokens * fan_out,
+            temps=[compute * fan_in * fan_out],
+            backward_temps=[compute * fan_in * fan_out],
+            matmul=True,
+        )
+        if act != compute:
+            base = sim.op([out], act * tokens * fan_out)
+            sim.drop(out)
+        else:
+            base = out
+        if cast != x:  # bnb Linear4bit.forward's `x = x.to(compute_dtype)` dies on return
+            sim.drop(cast)
+    else:
+        trained = recipe.weights * fan_in * fan_out if recipe.full else 0
+        base = sim.op(
+            [x],
+            act * tokens * fan_out,
+            save=[x] if trained else [],
+            saves_other=True,  # the weight, for the input's gradient
+            param_grad=trained,
+            matmul=True,
+        )
+    if not (recipe.lora_rank and adapted(recipe, name)):
+        return base
+    if recipe.quantized:
+        return _lora_4bit(sim, x, base, shape, recipe)
+    # peft lora.Linear.forward: `x = self._cast_input_dtype(x, fp32)` lives until the
+    # return; `result = result + lora_B(lora_A(dropout(x))) * scaling` frees lora_A's
+    # output when lora_B returns, then the product, then the base result.
+    lora_in, scaled = _adapter(sim, x, shape, recipe)
+    total = sim.op([base, scaled], 4 * tokens * fan_out, alias=True, cast=True)
+    sim.drop(scaled, base)
+    out = sim.op([total], act * tokens * fan_out) if act != 4 else total
+    if out != total:
+        sim.drop(total)
+    if lora_in != x:
+        sim.drop(lora_in)
+    return out
+
+
+def _lora_4bit(sim: Sim, x: int, base: int, shape: tuple[int, int], recipe: TraceRecipe) -> int:
+    """PEFT's adapter on a bitsandbytes 4-bit linear (peft/tuners/lora/bnb.py Linear4bit.forward).
+
+    `result = result.clone()` copies the base output first; `output = lora_B(lora_A(x))
+    * scaling` (cast to the result's dtype) is a local that lives until the return.
+    """
+    fan_out = shape[1]
+    tokens, act = recipe.batch * recipe.seq, recipe.act
+    result = sim.op([base], act * tokens * fan_out, alias=True)
+    sim.drop(base)
+    lora_in, scaled = _adapter(sim, x, shape, recipe)
+    output = sim.op([scaled], act * tokens * fan_out) if act != 4 else scaled
+    if output != scaled:
+        sim.drop(scaled)
+    total = sim.op([result, output], act * tokens * fan_out, alias=True)
+    sim.drop(result)
+    if lora_in != x:
+        sim.drop(lora_in)
+    sim.drop(output)
+    return total
+
+
+def _adapter(sim: Sim, x: int, shape: tuple[int, int], recipe: TraceRecipe) -> tuple[int, int]:
+    """``lora_B(lora_A(x)) * scaling`` in fp32: (the fp32 input, which its caller frees,
+    and the scaled product); lora_A's output dies when lora_B returns."""
+    fan_in, fan_out = shape
+    tokens, rank = recipe.batch * recipe.seq, recipe.lora_rank
+    lora_in = sim.op([x], 4 * tokens * fan_in) if recipe.act != 4 else x
+    mid = sim.op(
+        [lora_in], 4 * tokens * rank, save=[lora_in], param_grad=4 * rank * fan_in, matmul=True
+    )
+    up = sim.op([mid], 4 * tokens * fan_out, save=[mid], param_grad=4 * rank * fan_out, matmul=True)
+    sim.drop(mid)
+    scaled = sim.op([up], 4 * tokens * fan_out)
+    sim.drop(up)
+    return lora_in, scaled
