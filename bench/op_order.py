@@ -151,7 +151,7 @@ def _model(case: Case) -> Any:
     model = build_meta_model(config, attention=case.attention).to(dtype)
     model.config.use_cache = False
     if case.method == "qlora":
-        for layer in model.model.layers:
+        for layer in model.get_decoder().layers:
             for parent in (layer.self_attn, layer.mlp):
                 for name, child in list(parent.named_children()):
                     if isinstance(child, torch.nn.Linear):
