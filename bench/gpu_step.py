@@ -209,7 +209,6 @@ def prepared_model(
         )
     folder = saved_random_weights(config, weights, dtype)
     model = AutoModelForCausalLM.from_pretrained(folder, device_map=device, **kwargs)
-    model.config.use_cache = False
     if args.method == "qlora":
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     lora = LoraConfig(

@@ -149,7 +149,6 @@ def _model(case: Case) -> Any:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[case.dtype]
     config = load_model_config({"preset": case.preset})
     model = build_meta_model(config, attention=case.attention).to(dtype)
-    model.config.use_cache = False
     if case.method == "qlora":
         for layer in model.get_decoder().layers:
             for parent in (layer.self_attn, layer.mlp):

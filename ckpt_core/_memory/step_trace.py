@@ -12,11 +12,14 @@ Op by op, the buffers are those of transformers' Llama-style decoder block,
 the same forward `ckpt_core._memory.activations` writes down (norms upcast to fp32,
 q / k / v / o and the MLP projections with their LoRA adapters, RoPE, eager
 attention's scores and fp32 softmax or a fused kernel, SwiGLU), so the
-reserved pool (`CachingAllocator`) follows from the mechanism.  Gemma 2 and
-Gemma 3 are replayed as their own forward (sandwich norms, Gemma 3's q / k
-norms, scaled embeddings, sliding-window masks, their rotary tables:
-`gemma_trace`); the model's family chooses (`Family.trace`), and other
-families are replayed with the Llama block at their sizes.
+reserved pool (`CachingAllocator`) follows from the mechanism.  Gemma 2,
+Gemma 3 (`gemma_trace`: sandwich norms, Gemma 3's q / k norms, scaled
+embeddings, sliding-window masks, logit softcapping) and OLMo-2
+(`olmo2_trace`: post-norms, full-width q / k norms, fp32 RoPE) are replayed as
+their own forward; the model's family chooses (`Family.trace`), and other
+families are replayed with the Llama block at their sizes.  Parameters a
+text-only step never runs (Gemma 3's vision tower) are loaded and never
+trained (`Family.idle_tensors`).
 
 Pure Python; results cached per (architecture, step, tier, recipe).
 """
