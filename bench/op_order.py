@@ -22,7 +22,7 @@ fp32 copy, so fp16 eager is left out.  QLoRA cases need
 it they are skipped.
 
 Run: ``.venv/bin/python -m bench.op_order [--presets P ...] [--methods ...]
-[--attention ...] [--dtypes ...] [--tiers ...] [--batch 2] [--seq 1024]``.
+[--attention ...] [--dtypes ...] [--tiers ...] [--batch 2] [--seq 1024] [--padded]``.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ class Case:
     tier: str
     batch: int
     seq: int
+    padded: bool = False  # an attention mask with padding (`measure_activation_bytes`'s)
 
     @property
     def targets(self) -> list[str]:
@@ -222,6 +223,10 @@ def _record_steps(model: Any, case: Case, events: list[Event], known: dict[int, 
     trainable = [p for p in model.parameters() if p.requires_grad]
     ids = torch.zeros(case.batch, case.seq, dtype=torch.long, device="meta")
     _register(ids, events, known)
+    inputs: dict[str, Any] = {"input_ids": ids, "labels": ids, "use_cache": False}
+    if case.padded:
+        inputs["attention_mask"] = torch.ones_like(ids)
+        _register(inputs["attention_mask"], events, known)
     log = _Log(events, known, eager=case.attention == "eager")
     # On meta tensors, sdpa's fused kernel and CUDA's fused dropout (a bool mask) stand in
     # for the CPU ones; patched module-wide, since a checkpoint's recompute runs on
@@ -238,13 +243,13 @@ def _record_steps(model: Any, case: Case, events: list[Event], known: dict[int, 
 
     functional.scaled_dot_product_attention, functional.dropout = sdpa, dropout
     try:
-        with no_data_dependent_mask_checks():
+        with no_data_dependent_mask_checks(padded=case.padded):
             for step in range(2):
                 events.append(("mark", f"step{step}", 0, ""))
                 for param in trainable:
                     param.grad = None
                 with log:
-                    out = model(input_ids=ids, labels=ids, use_cache=False)
+                    out = model(**inputs)
                     events.append(("mark", "loss", 0, ""))
                     out.loss.backward()
                     log.poll()
@@ -308,6 +313,7 @@ def estimate(case: Case) -> tuple[int, int, int]:
     workload: dict[str, Any] = {
         "seq_len": case.seq,
         "micro_batch_size": case.batch,
+        "padded": case.padded,
         "dtype": case.dtype,
         "attention": case.attention,
         "method": case.method,
@@ -330,7 +336,7 @@ def cases(args: argparse.Namespace) -> Iterator[Case]:
     for preset, method, dtype, attention, tier in product:
         if dtype == "fp16" and attention == "eager":
             continue  # meta makes the fp32 softmax copy that CUDA does not
-        yield Case(preset, method, dtype, attention, tier, args.batch, args.seq)
+        yield Case(preset, method, dtype, attention, tier, args.batch, args.seq, args.padded)
 
 
 def main() -> None:
@@ -342,6 +348,7 @@ def main() -> None:
     parser.add_argument("--tiers", nargs="+", default=["off", "selective", "medium", "full"])
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--padded", action="store_true", help="a padded batch (attention mask)")
     args = parser.parse_args()
     if "qlora" in args.methods and importlib.util.find_spec("bitsandbytes") is None:
         print("bitsandbytes is not installed: QLoRA cases skipped")
@@ -359,6 +366,7 @@ def main() -> None:
         name = (
             " ".join((case.preset, case.method, case.dtype, case.attention, case.tier))
             + f" b{case.batch} s{case.seq}"
+            + (" padded" if case.padded else "")
         )
         print(
             f"| {name} | {real_allocated / MIB:.0f} / {real_reserved / MIB:.0f} "

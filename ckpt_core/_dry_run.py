@@ -35,13 +35,14 @@ MEASURE_FIELDS: Final = (
     "micro_batch_size",
     "dtype",
     "attention",
+    "padded",
     "world_size",
     "sharding",
 )
 # What the activation measurement takes; world_size / sharding, when given, add the per-GPU
 # parameters (reported only then, so a plain measurement reads as before).
-_ACTIVATION_FIELDS: Final = MEASURE_FIELDS[:4]
-_DISTRIBUTED_FIELDS: Final = MEASURE_FIELDS[4:]
+_ACTIVATION_FIELDS: Final = MEASURE_FIELDS[:5]
+_DISTRIBUTED_FIELDS: Final = MEASURE_FIELDS[5:]
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,6 +62,7 @@ _WORKLOAD_FLAGS: tuple[tuple[str, type], ...] = (
     ("lora_targets", str),
     ("optimizer", str),
     ("attention", str),
+    ("padded", bool),
     ("headroom", float),
     ("world_size", int),
     ("sharding", str),
@@ -85,6 +86,7 @@ _API_NAMES: tuple[str, ...] = (
 
 _FLAG_HELP: dict[str, str] = {
     "lora_targets": "comma-separated module names",
+    "padded": "the batch is padded: an attention mask with padding reaches the model",
     "world_size": "GPUs in the data-parallel group (1)",
     "sharding": "none (DDP) | zero1 | zero2 | zero3 (FSDP FULL_SHARD)",
     "engine": "torch (DDP / FSDP2) | deepspeed",

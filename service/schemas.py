@@ -232,6 +232,11 @@ class MeasureSpec(_Request):
     micro_batch_size: JsonInt = Field(1, ge=1, le=MAX_MICRO_BATCH)
     dtype: DtypeField = "bf16"
     attention: AttentionField = "sdpa"
+    padded: bool = Field(
+        False,
+        description="The batch is padded: an attention mask with padding reaches the model "
+        "(sdpa then gets a materialized mask on every layer).",
+    )
     world_size: JsonInt = Field(
         1, ge=1, le=MAX_WORLD_SIZE, description="GPUs in the data-parallel group."
     )

@@ -226,6 +226,16 @@ def test_dry_run_table_shows_modules_and_measurement(tmp_path: Path) -> None:
     assert modules == ["model.layers.0", "model.layers.2"]  # every other block, from 0
 
 
+def test_dry_run_measures_a_padded_batch() -> None:
+    """--padded feeds an attention mask with padding: sdpa then keeps a float mask and
+    Llama's grouped K / V repeated, per layer."""
+    args = ("--model", "llama-3.2-1b", "--tier", "off", "--seq-len", "64", "--micro-batch-size")
+    args = (*args, "2")
+    plain, padded = ckpt_json("dry-run", *args), ckpt_json("dry-run", *args, "--padded")
+    assert (plain["measured"]["padded"], padded["measured"]["padded"]) == (False, True)
+    assert padded["measured"]["activation_bytes"] > plain["measured"]["activation_bytes"]
+
+
 @pytest.mark.parametrize(
     ("args", "needle"),
     [

@@ -228,13 +228,14 @@ def test_measure_passes_the_shape_and_the_hooked_model(monkeypatch) -> None:
         return 4242
 
     monkeypatch.setattr(measure_module, "measure_activation_bytes", fake_measure)
-    shape = {"seq_len": 64, "micro_batch_size": 2, "attention": "eager"}
+    shape = {"seq_len": 64, "micro_batch_size": 2, "attention": "eager", "padded": True}
     selective = dry_run({"preset": "llama-3.2-1b"}, "selective", measure=shape)
     assert selective.measured == {**shape, "dtype": "bf16", "activation_bytes": 4242}
     assert seen["granularity"] == "selective"
     assert seen["hooked"] == selective.hooked
     assert seen["device"] == "meta"
     assert (seen["seq_len"], seen["micro_batch_size"], seen["attention"]) == (64, 2, "eager")
+    assert seen["padded"] is True
 
 
 def test_measured_full_keeps_less_than_off() -> None:

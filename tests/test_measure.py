@@ -76,15 +76,15 @@ def test_counting_agrees_with_mem_tracker_on_cpu(arch: str, attention: str) -> N
         assert ours == pytest.approx(tracked, rel=0.02), tier
 
 
-def _assert_meta_agrees(real: torch.nn.Module, attention: str, dtype: str) -> None:
+def _assert_meta_agrees(
+    real: torch.nn.Module, attention: str, dtype: str, *, padded: bool = False
+) -> None:
     """Every tier measures the same bytes (within 2%) on meta as on `real` CPU tensors."""
     meta = copy.deepcopy(real).to("meta")
+    shape = {"seq_len": SEQ, "micro_batch_size": BATCH, "dtype": dtype, "attention": attention}
     for tier in TIERS:
         measured = [
-            measure_activation_bytes(
-                model, tier, seq_len=SEQ, micro_batch_size=BATCH, dtype=dtype, attention=attention
-            )
-            for model in (real, meta)
+            measure_activation_bytes(model, tier, **shape, padded=padded) for model in (real, meta)
         ]
         assert measured[1] == pytest.approx(measured[0], rel=0.02), tier
 
@@ -98,6 +98,18 @@ def test_meta_agrees_with_real_tensors_on_cpu(
     arch: str, attention: str, kv_heads: int, dtype: str
 ) -> None:
     _assert_meta_agrees(_tiny(arch, attention, num_key_value_heads=kv_heads), attention, dtype)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_a_padded_batch_measures_on_meta_what_real_tensors_keep(attention: str) -> None:
+    """On CPU the mask really pads a token; on meta the mask checks answer "padded".  With
+    sdpa and grouped heads, padding costs the repeated K / V and a float mask per layer."""
+    real = _tiny("llama", attention, num_key_value_heads=2)
+    _assert_meta_agrees(real, attention, "bf16", padded=True)
+    shape = {"seq_len": SEQ, "micro_batch_size": BATCH, "attention": attention}
+    padded = measure_activation_bytes(real, "off", **shape, padded=True)
+    unpadded = measure_activation_bytes(real, "off", **shape)
+    assert padded > unpadded if attention == "sdpa" else padded == unpadded
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
@@ -124,8 +136,10 @@ def test_decoder_input_ids_measure_what_the_models_own_label_shift_keeps(
     ours = measure_activation_bytes(model, "off", seq_len=SEQ, micro_batch_size=BATCH)
     own_shift = measure_module._inputs
 
-    def without_decoder_ids(model: torch.nn.Module, ids: torch.Tensor) -> dict[str, object]:
-        inputs = own_shift(model, ids)
+    def without_decoder_ids(
+        model: torch.nn.Module, ids: torch.Tensor, *, padded: bool
+    ) -> dict[str, object]:
+        inputs = own_shift(model, ids, padded=padded)
         assert inputs.pop("decoder_input_ids").shape == ids.shape
         return inputs
 

@@ -54,6 +54,7 @@ def assert_estimate_matches(preset: str, tiers: tuple[str, ...] = TIERS, **workl
             micro_batch_size=workload.get("micro_batch_size", 1),
             dtype=workload.get("dtype", "bf16"),
             attention=workload.get("attention", "sdpa"),
+            padded=workload.get("padded", False),
         )
         estimated = activation_bytes(run.facts.arch, run.step, tier)
         assert estimated == pytest.approx(measured, rel=TOLERANCE), (preset, workload, tier)
@@ -110,6 +111,31 @@ def test_estimate_matches_with_learned_positions_and_dropout(preset: str, seq_le
 @pytest.mark.parametrize("preset", ["gemma-2-9b", "phi-3-mini", "t5-base"])
 def test_estimate_matches_other_attention_dtype_batch(preset: str, workload: dict) -> None:
     assert_estimate_matches(preset, seq_len=2048, **workload)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize(
+    "preset",
+    [p for p in REPRESENTATIVE if p != "t5-base"] + ["gpt2", "bert-base-uncased", "gemma-2-9b"],
+)
+def test_estimate_matches_meta_measurement_of_a_padded_batch(preset: str, attention: str) -> None:
+    """A padded batch: sdpa gets a boolean mask per sample on every layer, keeps a float
+    copy of it per layer and repeats grouped K / V heads; BERT gets a mask at all.  Falcon's
+    sdpa always gets one and Gemma 2 runs eager, so padding changes nothing they keep."""
+    workload = {"seq_len": 512, "micro_batch_size": 2, "attention": attention}
+    assert_estimate_matches(preset, padded=True, **workload)
+    if attention == "sdpa" and preset not in ("falcon-7b", "gemma-2-9b"):
+        padded = run_for(preset, padded=True, **workload)
+        unpadded = run_for(preset, **workload)
+        for tier in ("off", "medium"):
+            more = activation_bytes(padded.facts.arch, padded.step, tier)
+            assert more > activation_bytes(unpadded.facts.arch, unpadded.step, tier), tier
+
+
+def test_a_padded_batch_is_refused_where_its_mask_is_not_modelled() -> None:
+    with pytest.raises(InvalidWorkloadError) as caught:
+        run_for("t5-base", seq_len=512, padded=True)
+    assert caught.value.field == "workload.padded"
 
 
 @pytest.mark.parametrize("targets", [None, ["q_proj", "v_proj"]])

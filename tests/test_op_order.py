@@ -18,8 +18,13 @@ from bench.op_order import Case, estimate, record, replay, with_workspaces
         Case("gemma-2-9b", "lora", "bf16", "eager", "off", 1, 512),
         Case("olmo-2-7b", "lora", "bf16", "eager", "medium", 1, 512),
         Case("gemma-3-4b", "lora", "bf16", "sdpa", "off", 1, 1024),
+        Case("llama-3.2-1b", "lora", "bf16", "sdpa", "off", 2, 512, padded=True),
+        Case("gemma-3-4b", "lora", "bf16", "sdpa", "off", 2, 512, padded=True),
     ],
-    ids=lambda case: f"{case.preset}-{case.method}-{case.attention}-{case.tier}-s{case.seq}",
+    ids=lambda case: (
+        f"{case.preset}-{case.method}-{case.attention}-{case.tier}-s{case.seq}"
+        + ("-padded" if case.padded else "")
+    ),
 )
 def test_the_replay_allocates_what_the_real_op_order_does(case: Case) -> None:
     """The allocated peak of the real model's warm-up and measured step, its storages'
@@ -28,7 +33,8 @@ def test_the_replay_allocates_what_the_real_op_order_does(case: Case) -> None:
     mask (seq 2048 >= its window), a full fine-tune's embedding gradient, Gemma 2's
     logit softcapping, OLMo-2's post-norms, full-width q / k norms and fp32 RoPE,
     Gemma 3's vision tower (loaded, never run) and its sliding layers' K / V copies
-    (with a mask, sdpa gets grouped heads repeated: seq 1024 = its window)."""
+    (with a mask, sdpa gets grouped heads repeated: seq 1024 = its window); a padded
+    batch's masks, per sample on every layer (Gemma 3's sliding ones below the window)."""
     allocated, reserved, workspace = estimate(case)
     real_allocated, real_reserved = replay(with_workspaces(record(case), workspace))
     assert allocated == pytest.approx(real_allocated, rel=0.002)

@@ -86,6 +86,10 @@ HUGE_INT_BODY = b'{"tier": "auto", "gpu_memory_gb": 1000000000000000000000000000
 LARGE_CONFIG = {**TINY_CONFIG, "num_hidden_layers": 100_000}
 
 
+# T5 adds its padding mask to the relative position bias, which is not modelled.
+PADDED_T5 = {"seq_len": 512, "padded": True}
+
+
 @pytest.mark.parametrize(
     ("body", "status", "code", "field"),
     [
@@ -137,6 +141,18 @@ LARGE_CONFIG = {**TINY_CONFIG, "num_hidden_layers": 100_000}
             422,
             "invalid_workload",
             "workload.seq_len",
+        ),
+        (
+            {"tier": "auto", "model": {"preset": "gpt2"}, "workload": {"seq_len": 8, "padded": 1}},
+            422,
+            "invalid_workload",
+            "workload.padded",
+        ),
+        (
+            {"tier": "auto", "model": {"preset": "t5-base"}, "workload": PADDED_T5},
+            422,
+            "invalid_workload",
+            "workload.padded",
         ),
         ({"tier": "auto", "teir": "full"}, 422, "invalid_request", "teir"),
         ([1, 2], 422, "invalid_request", "body"),

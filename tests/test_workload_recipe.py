@@ -28,6 +28,7 @@ def test_defaults_match_what_people_run() -> None:
     assert workload.compute == "loaded"
     assert workload.gradients == "set_to_none"  # torch's zero_grad default
     assert workload.logits_held is True
+    assert workload.padded is False  # one sequence per row, or packed without padding
 
 
 @pytest.mark.parametrize(
@@ -39,6 +40,8 @@ def test_defaults_match_what_people_run() -> None:
         ("compute", "amp"),
         ("gradients", "zero"),
         ("logits_held", None),
+        ("padded", "true"),
+        ("padded", 0),
     ],
 )
 def test_bad_values_name_the_field(field: str, value: object) -> None:

@@ -2,8 +2,8 @@
 
 What transformers 5.24 runs on a GPU is what is written down: fused attention
 (sdpa without a mask, flash) keeps q, k, v, output and log-sum-exp; sdpa with a
-materialized mask (sliding windows shorter than the sequence, Falcon) keeps a
-float copy of the mask per layer and repeats GQA heads; eager keeps the fp32
+materialized mask (a padded batch, sliding windows shorter than the sequence,
+Falcon) keeps a float copy of the mask per layer and repeats GQA heads; eager keeps the fp32
 softmax, its cast to the dtype, and full-head copies of q, k, v.
 
 Pure arithmetic.
@@ -19,25 +19,27 @@ def mask_kind(arch: Arch, step: Step, sliding: bool, *, sdpa_always: bool = Fals
     """The attention mask transformers materializes for this layer, if any.
 
     Eager always gets a float mask in the dtype.  sdpa gets a boolean mask
-    when a sliding window is shorter than the sequence (or always, with
-    ``sdpa_always``: Falcon); otherwise None and the kernel's causal flag.
-    Flash: never.  (Bidirectional models without padding get no mask at all
-    and do not ask.)
+    when the batch is padded, when a sliding window is shorter than the
+    sequence, or always with ``sdpa_always`` (Falcon); otherwise None and the
+    kernel's causal flag.  Flash: never (padding unpads the tokens instead).
+    Bidirectional models ask only for a padded batch: without padding they get
+    no mask at all.
     """
     window = sliding and arch.sliding_window is not None and step.seq >= arch.sliding_window
-    suffix = "sliding" if window else "full"
+    suffix = "sliding" if sliding else "full"
     if step.attention == "eager":  # a mask per layer type, whatever the length
-        return f"eager.{'sliding' if sliding else 'full'}"
-    if step.attention == "fused" and (window or sdpa_always):
+        return f"eager.{suffix}"
+    if step.attention == "fused" and (window or sdpa_always or step.padded):
         return f"bool.{suffix}"
     return None
 
 
 def mask_bytes(step: Step, mask: str) -> int:
-    """Eager's float mask exists per sample; sdpa's boolean one is a batch-expanded view."""
+    """Eager's float mask exists per sample; sdpa's boolean one is a batch-expanded view,
+    unless the padding makes it per sample."""
     if mask.startswith("eager"):
         return step.dtype_bytes * step.batch * step.seq * step.seq
-    return step.seq * step.seq
+    return (step.batch if step.padded else 1) * step.seq * step.seq
 
 
 def rope_tables(led: Ledger, arch: Arch, step: Step, sliding: bool) -> None:

@@ -62,7 +62,8 @@ ASSUMPTIONS: Final[dict[str, str]] = {
     "norms, bitsandbytes returns its input's dtype); the same definition as the meta "
     "measurement: storages autograd keeps at the end of forward",
     "attention": "sdpa / flash treated as fused kernels (q, k, v, output, log-sum-exp kept); "
-    "eager keeps the s x s softmax",
+    "eager keeps the s x s softmax; a padded batch (padded) gives sdpa a mask per sample on "
+    "every layer, which keeps a float copy of it and grouped K / V heads repeated per layer",
     "quantization": "bitsandbytes: block linears quantized; nf4 = 0.5 B/weight + fp32 absmax "
     "per 64 (double_quant: 8-bit absmax + fp32 per 256 blocks); int8 = 1 B/weight + fp32 row "
     "scales; other parameters fp32 after PEFT's kbit preparation (kbit_preparation 'peft'), "
@@ -204,6 +205,7 @@ def recipe_for(
         accumulate=workload.gradients == "accumulate",
         blas_workspace=blas_workspace,
         half_scores=workload.dtype == "fp16",
+        padded=step.padded,
     )
     return Recipe(
         logits_bytes=logits,

@@ -22,7 +22,15 @@ from ckpt_core._memory.block_trace import (
     rope,
 )
 from ckpt_core._memory.linear_trace import TraceRecipe, linear
-from ckpt_core._memory.model_trace import Inputs, TraceModel, embedding, sliding_mask, window_masked
+from ckpt_core._memory.model_trace import (
+    Inputs,
+    TraceModel,
+    causal_mask,
+    eager_mask,
+    embedding,
+    sliding_mask,
+    window_masked,
+)
 
 
 def gemma_norm(sim: Sim, x: int, rows: int, width: int, recipe: TraceRecipe, *, dtype: int) -> int:
@@ -74,7 +82,7 @@ def _gemma_prepare(
     masks = tuple(mask for mask in dict.fromkeys((full, sliding)) if mask is not None)
     return Inputs(
         hidden,
-        full if full is not None else -1,
+        full,
         step_held=tuple(tables),
         forward_held=masks,
         sliding_mask=sliding,
@@ -86,17 +94,16 @@ def _gemma_masks(sim: Sim, arch: Arch, recipe: TraceRecipe) -> tuple[int | None,
 
     sdpa: no mask for the full-attention layers (``is_causal``), a boolean one for the
     sliding layers once the window is no longer than the sequence (masking_utils.sdpa_mask:
-    two comparisons and two ``&``).  Eager (masking_utils.eager_mask): both made, the
-    boolean one turned into a float mask per sample (``torch.where``).
+    two comparisons and two ``&``); a padded batch: both, per sample.  Eager
+    (masking_utils.eager_mask): both made, the boolean one turned into a float mask per
+    sample (``torch.where``).
     """
     seq, eager = recipe.seq, recipe.attention == "eager"
-    float_bytes = recipe.act * recipe.batch * seq * seq
     full = None
-    if eager:
-        causal = sim.new(seq * seq)  # kv_idx <= q_idx
-        full = sim.new(float_bytes)
-        sim.drop(causal)
-    if not (eager or window_masked(arch, recipe)):
+    if eager or recipe.padded:
+        full = causal_mask(sim, recipe) if recipe.padded else sim.new(seq * seq)  # kv <= q
+        full = eager_mask(sim, recipe, full) if eager else full
+    if not (eager or recipe.padded or window_masked(arch, recipe)):
         return full, None
     return full, sliding_mask(sim, recipe)
 
@@ -119,9 +126,7 @@ def gemma_block(
     mask = inputs.sliding_mask if sliding else inputs.mask
 
     def attention(s: Sim, y: int, held: list[int] | None = None) -> int:
-        return gemma_attention(
-            s, y, arch=arch, recipe=recipe, mask=None if mask == -1 else mask, held=held
-        )
+        return gemma_attention(s, y, arch=arch, recipe=recipe, mask=mask, held=held)
 
     def layer_norm(s: Sim, y: int) -> int:
         return gemma_norm(s, y, tokens, arch.hidden, recipe, dtype=res)

@@ -23,7 +23,7 @@ from ckpt_core._memory.estimate import (
     recipe_for,
     static_memory,
 )
-from ckpt_core._memory.families import NO_FLASH, NO_SDPA, arch_of, param_layout
+from ckpt_core._memory.families import NO_FLASH, NO_SDPA, arch_of, family_of, param_layout
 from ckpt_core._memory.ledger import Step
 from ckpt_core._memory.param_layout import ParamLayout
 from ckpt_core._memory.peak import Recipe
@@ -132,6 +132,7 @@ def prepare(facts: Facts, workload: Workload, gpu: str | None = None) -> Run:
         lora_rank=workload.lora_rank if workload.method != "full" else 0,
         adapted=targets.__contains__,  # empty for a full fine-tune
         hidden_bytes=4 if workload.compute == "autocast" else 0,
+        padded=workload.padded,
     )
     # Per GPU of the data-parallel group (the unsharded totals ride along): issue 17.
     replica = static_memory(layout, workload, lora_parameters)
@@ -152,6 +153,12 @@ def activation_dtype_bytes(workload: Workload) -> int:
 
 
 def _check_fits_model(arch: Arch, workload: Workload) -> None:
+    if workload.padded and not family_of(arch).padding:
+        raise InvalidWorkloadError(
+            f"padded batches are not modelled for {arch.model_type}: its padding mask is added "
+            "to the relative position bias, which the memory model does not follow",
+            field="workload.padded",
+        )
     if arch.positions and workload.seq_len > arch.positions:
         raise InvalidWorkloadError(
             f"seq_len {workload.seq_len} is longer than the model's learned positions "

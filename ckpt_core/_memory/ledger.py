@@ -39,7 +39,8 @@ class Step:
     ``lora_rank`` (its input is kept for the adapter even when the base
     weight is frozen).  ``hidden_bytes``: bytes per element of the residual
     stream between blocks when it differs from ``dtype_bytes`` (fp32 under
-    autocast); 0 means ``dtype_bytes``.
+    autocast); 0 means ``dtype_bytes``.  ``padded``: the batch carries an
+    attention mask with padding (`ckpt_core._memory.attention.mask_kind`).
     """
 
     batch: int
@@ -50,6 +51,7 @@ class Step:
     lora_rank: int = 0
     adapted: Callable[[str], bool] = field(default=lambda name: False)
     hidden_bytes: int = 0
+    padded: bool = False  # an attention mask with padding: sdpa gets a mask per sample
 
     @property
     def residual_bytes(self) -> int:

@@ -39,6 +39,7 @@ class TraceRecipe:
     # fp16 scores: CUDA's softmax upcasts inside its kernel; bf16 ones are copied to fp32 first.
     half_scores: bool = False
     blas_workspace: int = 0  # one cuBLAS workspace (`ckpt_core._memory.workspace`)
+    padded: bool = False  # an attention mask with padding (`ckpt_core._memory.model_trace`)
 
 
 def adapted(recipe: TraceRecipe, name: str) -> bool:

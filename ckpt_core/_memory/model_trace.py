@@ -23,19 +23,20 @@ from ckpt_core._memory.linear_trace import TraceRecipe
 class Inputs:
     """What the model's forward makes before its first block.
 
-    ``hidden``: the first block's input; ``mask``: the attention mask the blocks
-    read; ``step_held``: dropped when the backward is done (what the graph or a
-    checkpoint still references to the end); ``forward_held``: dropped before
-    the head when no block is checkpointed (nothing saves them), else with
-    ``step_held`` (the checkpoints' recomputes read them); ``mask`` is then the
-    full-attention layers' (-1: none) and ``sliding_mask`` the sliding ones'.
+    ``hidden``: the first block's input; ``mask``: the attention mask the
+    full-attention layers read, ``sliding_mask`` the sliding ones' (None: no
+    mask, sdpa's causal flag); ``step_held``: dropped when the backward is done
+    (what the graph or a checkpoint still references to the end);
+    ``forward_held``: dropped before the head when no block is checkpointed
+    (nothing saves them), else with ``step_held`` (the checkpoints' recomputes
+    read them).
     """
 
     hidden: int
-    mask: int
+    mask: int | None
     step_held: tuple[int, ...] = ()
     forward_held: tuple[int, ...] = ()
-    sliding_mask: int | None = None  # the sliding-window layers' mask, when they have one
+    sliding_mask: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,22 +70,30 @@ def embedding(sim: Sim, arch: Arch, recipe: TraceRecipe) -> int:
 
 
 def llama_prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) -> Inputs:
-    """LlamaModel.forward: the embeddings, eager's float mask (sdpa: none; a boolean one
-    once a sliding window every layer has is no longer than the sequence: Mistral,
-    Phi-3's ``create_sliding_window_causal_mask``), then RoPE."""
+    """LlamaModel.forward: the embeddings, the mask every layer reads, then RoPE.
+
+    Eager: a float mask per sample.  sdpa: none, but a boolean one for a padded
+    batch (``create_causal_mask``) or once a sliding window every layer has is no
+    longer than the sequence (Mistral, Phi-3's ``create_sliding_window_causal_mask``).
+    """
     hidden = embedding(sim, arch, recipe)
-    eager = recipe.attention == "eager"
-    sliding = None
-    if eager:
-        mask = sim.new(recipe.act * recipe.batch * recipe.seq * recipe.seq)
+    sliding = bool(arch.sliding_layers) and all(arch.sliding_layers)
+    if recipe.attention == "eager":
+        if recipe.padded:
+            mask = eager_mask(sim, recipe, causal_mask(sim, recipe))
+        else:
+            mask = sim.new(recipe.act * recipe.batch * recipe.seq * recipe.seq)
+        held, forward_held = (mask,), ()
     else:
-        mask = sim.new(4)
-        if all(arch.sliding_layers) and window_masked(arch, recipe):
-            sliding = sliding_mask(sim, recipe)
+        held, mask = (sim.new(4),), None
+        if sliding and (window_masked(arch, recipe) or recipe.padded):
+            mask = sliding_mask(sim, recipe)
+        elif recipe.padded:
+            mask = causal_mask(sim, recipe)
+        forward_held = () if mask is None else (mask,)
     if workspace:  # the rotary embedding's `inv_freq @ position_ids`: the first cuBLAS call
         sim.new(workspace)
-    forward_held = () if sliding is None else (sliding,)
-    return Inputs(hidden, mask, step_held=(mask,), forward_held=forward_held, sliding_mask=sliding)
+    return Inputs(hidden, mask, step_held=held, forward_held=forward_held, sliding_mask=mask)
 
 
 def _llama_layer(
@@ -97,8 +106,7 @@ def _llama_layer(
     index: int,
     selective: bool = False,
 ) -> int:
-    mask = inputs.mask if recipe.attention == "eager" else inputs.sliding_mask
-    return block(sim, x, arch=arch, recipe=recipe, mask=mask, selective=selective)
+    return block(sim, x, arch=arch, recipe=recipe, mask=inputs.mask, selective=selective)
 
 
 LLAMA = TraceModel(prepare=llama_prepare, block=_llama_layer, norm=norm)
@@ -112,15 +120,40 @@ def window_masked(arch: Arch, recipe: TraceRecipe) -> bool:
 
 def sliding_mask(sim: Sim, recipe: TraceRecipe) -> int:
     """``create_sliding_window_causal_mask``: sdpa's boolean mask (masking_utils.sdpa_mask:
-    two comparisons and two ``&``); eager's float one made from it (``torch.where``)."""
+    two comparisons and two ``&``, then the padding's); eager's float one made from it."""
     seq = recipe.seq
     after = sim.new(seq * seq)  # kv_idx > q_idx - window: the sliding overlay
     causal = sim.new(seq * seq)
     sim.drop(after)
     before = sim.new(seq * seq)  # kv_idx <= q_idx: the causal function
-    sliding = sim.new(seq * seq)
+    sliding = _padding(sim, recipe, sim.new(seq * seq))
     sim.drop(before, causal)
-    if recipe.attention == "eager":
-        boolean, sliding = sliding, sim.new(recipe.act * recipe.batch * seq * seq)
-        sim.drop(boolean)
-    return sliding
+    return eager_mask(sim, recipe, sliding) if recipe.attention == "eager" else sliding
+
+
+def causal_mask(sim: Sim, recipe: TraceRecipe) -> int:
+    """``create_causal_mask`` of a padded batch: masking_utils.sdpa_mask's ``kv_idx <=
+    q_idx``, anded with the padding's; the unpadded one is made only for eager (below)."""
+    seq = recipe.seq
+    before = sim.new(seq * seq)
+    causal = sim.new(seq * seq)
+    sim.drop(before)
+    return _padding(sim, recipe, causal)
+
+
+def _padding(sim: Sim, recipe: TraceRecipe, mask: int) -> int:
+    """masking_utils' ``padding_mask_function`` (``padding_mask[batch_idx, kv_idx]``)
+    anded in: a padded batch's mask is per sample."""
+    if not recipe.padded:
+        return mask
+    rows = sim.new(recipe.batch * recipe.seq)
+    padded = sim.new(recipe.batch * recipe.seq * recipe.seq)
+    sim.drop(mask, rows)
+    return padded
+
+
+def eager_mask(sim: Sim, recipe: TraceRecipe, boolean: int) -> int:
+    """masking_utils.eager_mask: the boolean mask turned into a float one per sample."""
+    out = sim.new(recipe.act * recipe.batch * recipe.seq * recipe.seq)
+    sim.drop(boolean)
+    return out

@@ -2,11 +2,11 @@
 
 `measure_activation_bytes` runs ONE training forward pass (input ids of shape
 ``(micro_batch_size, seq_len)``, labels = the ids, decoder input ids of the
-same shape for an encoder-decoder, ``use_cache=False``, the model cast to the
-workload dtype) and counts the bytes autograd keeps for the
-backward pass at the end of it: the unique storages packed by a
-``torch.autograd.graph.saved_tensors_hooks`` pack hook that are still held by
-the graph, parameters and buffers excluded (docs/design.md §5,
+same shape for an encoder-decoder, ``use_cache=False``, an attention mask
+with padding for a padded batch, the model cast to the workload dtype) and
+counts the bytes autograd keeps for the backward pass at the end of it: the
+unique storages packed by a ``torch.autograd.graph.saved_tensors_hooks`` pack
+hook that are still held by the graph, parameters and buffers excluded (docs/design.md §5,
 ``activation_bytes``).  A checkpointed region's own saves go through the
 checkpoint's inner hooks and are not kept; the inputs it keeps for
 recomputation are saved (non-reentrant checkpoint's ``_NoopSaveInputs``) under
@@ -18,7 +18,7 @@ and a backward on meta would add time, not information.
 On meta, `ckpt_core._meta.stand_ins` makes the forward keep what a GPU forward
 keeps (fused attention, CUDA dropout masks) and answers transformers'
 data-dependent mask checks (packed sequences, sdpa mask skipping) as for the
-unpadded input it feeds.
+input it feeds, padded or not.
 
 Importing this module loads no torch: everything is imported inside functions.
 """
@@ -61,6 +61,7 @@ def measure_activation_bytes(
     micro_batch_size: int,
     dtype: str = "bf16",
     attention: str = "sdpa",
+    padded: bool = False,
     block_plan: Any = None,
 ) -> int:
     """Bytes autograd keeps at the end of one training forward of ``model``.
@@ -73,7 +74,9 @@ def measure_activation_bytes(
     honouring ``_keep_in_fp32_modules``) and put in training mode for the run,
     then restored.  ``attention``: ``sdpa`` / ``flash_attention_2`` (fused) or
     ``eager``; an architecture without sdpa support runs eager, as
-    transformers would.  Raises `InvalidWorkloadError` for bad sizes,
+    transformers would.  ``padded``: the batch comes with an attention mask
+    with padding (the last token of the first row), so transformers builds the
+    masks a padded batch gets.  Raises `InvalidWorkloadError` for bad sizes,
     `InvalidGranularityError` for a bad granularity or a model hooked for
     another one, `CheckpointConflictError` when HF's checkpointing is on.
     """
@@ -81,7 +84,11 @@ def measure_activation_bytes(
 
     level = "blocks" if granularity == "blocks" else _parse_granularity(granularity)
     workload = Workload(
-        seq_len=seq_len, micro_batch_size=micro_batch_size, dtype=dtype, attention=attention
+        seq_len=seq_len,
+        micro_batch_size=micro_batch_size,
+        dtype=dtype,
+        attention=attention,
+        padded=padded,
     )
     _check_positions(model, workload.seq_len)
     on_meta = _device(model).type == "meta"
@@ -94,9 +101,9 @@ def measure_activation_bytes(
         stack.enter_context(_hooks(model, level, block_plan))
         stack.enter_context(_training(model))
         if on_meta:
-            stack.enter_context(no_data_dependent_mask_checks())
+            stack.enter_context(no_data_dependent_mask_checks(padded=workload.padded))
             stack.enter_context(meta_kernels(flash=effective == "flash_attention_2"))
-        return _kept_bytes(model, workload.micro_batch_size, workload.seq_len)
+        return _kept_bytes(model, workload)
 
 
 def effective_attention(model: nn.Module, attention: str) -> str:
@@ -190,7 +197,7 @@ def _storage_key(tensor: torch.Tensor) -> tuple[int, int]:
     return storage._cdata, storage.nbytes()
 
 
-def _kept_bytes(model: nn.Module, batch: int, seq_len: int) -> int:
+def _kept_bytes(model: nn.Module, workload: Workload) -> int:
     """Run the forward under a pack hook; sum the storages the graph still holds."""
     import torch
 
@@ -205,9 +212,10 @@ def _kept_bytes(model: nn.Module, batch: int, seq_len: int) -> int:
     def unpack(holder: _Kept) -> torch.Tensor:
         return holder.tensor
 
-    ids = torch.zeros((batch, seq_len), dtype=torch.long, device=_device(model))
+    shape = (workload.micro_batch_size, workload.seq_len)
+    ids = torch.zeros(shape, dtype=torch.long, device=_device(model))
     with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-        outputs = model(**_inputs(model, ids))
+        outputs = model(**_inputs(model, ids, padded=workload.padded))
     loss = outputs["loss"]  # holds the graph; everything else may go
     del outputs
     storages = dict(_storage_key(holder.tensor) for holder in list(kept))
@@ -215,8 +223,9 @@ def _kept_bytes(model: nn.Module, batch: int, seq_len: int) -> int:
     return sum(size for key, size in storages.items() if key not in excluded)
 
 
-def _inputs(model: nn.Module, ids: torch.Tensor) -> dict[str, Any]:
-    """Input ids with labels (the loss path counts); no KV cache where the model has one.
+def _inputs(model: nn.Module, ids: torch.Tensor, *, padded: bool) -> dict[str, Any]:
+    """Input ids with labels (the loss path counts); no KV cache where the model has one;
+    for a ``padded`` batch, an attention mask that pads the first row's last token.
 
     An encoder-decoder also gets decoder input ids of the ids' shape, in a
     tensor of their own, as a seq2seq collator passes them: otherwise the
@@ -238,6 +247,10 @@ def _inputs(model: nn.Module, ids: torch.Tensor) -> dict[str, Any]:
         inputs["use_cache"] = False
     if "decoder_input_ids" in parameters:
         inputs["decoder_input_ids"] = torch.zeros_like(ids)
+    if padded:
+        mask = torch.ones_like(ids)
+        mask[0, -1] = 0
+        inputs["attention_mask"] = mask
     return inputs
 
 

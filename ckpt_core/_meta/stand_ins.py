@@ -14,8 +14,8 @@ the real path, so concurrent real runs are unaffected:
   transformers' own fallback operator, which keeps the same tensors.
 - transformers' packed-sequence detection and sdpa's "can the mask be
   skipped" checks read tensor values (``.all()``), impossible on meta: for
-  meta inputs they answer what the measurement feeds, one unpadded sequence
-  per row.
+  meta inputs they answer what the measurement feeds, one sequence per row,
+  unpadded unless it says its batch is padded.
 
 Importing this module loads no torch.
 """
@@ -23,6 +23,7 @@ Importing this module loads no torch.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import threading
 from collections.abc import Iterator
 from typing import Any, Final
@@ -32,6 +33,8 @@ from typing import Any, Final
 FLASH_STAND_IN: Final = "ckpt_core_meta_flash"
 
 _PATCH_LOCK: Final = threading.Lock()
+# Whether the measurement running in this context feeds a padded batch.
+_PADDED: Final = contextvars.ContextVar("ckpt_core_meta_padded", default=False)
 _patch_users = 0
 _originals: dict[str, Any] = {}
 
@@ -40,18 +43,19 @@ def _meta_shortcuts(masking_utils: Any) -> dict[str, Any]:
     """Replacements for transformers' data-dependent mask checks, by attribute name.
 
     Each one answers for meta tensors what the measurement feeds - one
-    unpadded sequence per row - and delegates to the original otherwise:
+    sequence per row, padded or not - and delegates to the original otherwise:
 
     - ``find_packed_sequence_indices`` ends in ``(...).all()``: meta position
       ids are one sequence per row, so there is no packed-sequence mask.
     - ``_ignore_causal_mask_sdpa`` / ``_ignore_bidirectional_mask_sdpa`` read
       the 2D padding mask (``fast_all`` / ``.all()``, i.e. ``Tensor.item()``)
-      to decide whether sdpa can run with ``is_causal`` and no mask.  The
-      measurement passes no attention mask, so a meta padding mask is one the
-      model made itself (BART's decoder and its copies fill one with ones when
-      none is given): it masks nothing, and the original is asked about
-      ``None``, which it answers as for an all-ones mask on real tensors when
-      queries and keys have the same length (a training forward, no cache).
+      to decide whether sdpa can run with ``is_causal`` and no mask.  For a
+      padded batch it cannot.  Otherwise a meta padding mask masks nothing (an
+      unpadded measurement passes none, so it is one the model made itself:
+      BART's decoder and its copies fill one with ones when none is given), and
+      the original is asked about ``None``, which it answers as for an all-ones
+      mask on real tensors when queries and keys have the same length (a
+      training forward, no cache).
     """
     packed = masking_utils.find_packed_sequence_indices
     causal = masking_utils._ignore_causal_mask_sdpa
@@ -61,9 +65,13 @@ def _meta_shortcuts(masking_utils: Any) -> dict[str, Any]:
         return None if position_ids.is_meta else packed(position_ids)
 
     def _ignore_causal_mask_sdpa(padding_mask: Any, *args: Any, **kwargs: Any) -> Any:
+        if _padded_on_meta(padding_mask):
+            return False
         return causal(_unpadded(padding_mask), *args, **kwargs)
 
     def _ignore_bidirectional_mask_sdpa(padding_mask: Any, *args: Any, **kwargs: Any) -> Any:
+        if _padded_on_meta(padding_mask):
+            return False
         return bidirectional(_unpadded(padding_mask), *args, **kwargs)
 
     return {
@@ -73,14 +81,20 @@ def _meta_shortcuts(masking_utils: Any) -> dict[str, Any]:
     }
 
 
+def _padded_on_meta(padding_mask: Any) -> bool:
+    """A meta padding mask of a measurement that feeds a padded batch."""
+    return padding_mask is not None and padding_mask.is_meta and _PADDED.get()
+
+
 def _unpadded(padding_mask: Any) -> Any:
     """A meta padding mask stands for no padding (see `_meta_shortcuts`)."""
     return None if padding_mask is not None and padding_mask.is_meta else padding_mask
 
 
 @contextlib.contextmanager
-def no_data_dependent_mask_checks() -> Iterator[None]:
-    """Answer transformers' data-dependent mask checks for meta inputs (`_meta_shortcuts`).
+def no_data_dependent_mask_checks(*, padded: bool = False) -> Iterator[None]:
+    """Answer transformers' data-dependent mask checks for meta inputs (`_meta_shortcuts`);
+    ``padded``: the batch the caller feeds in this context is padded.
 
     On meta there is no data, so ``bool()`` of a meta tensor raises
     (``Tensor.item() cannot be called on meta tensors``).  The replacements
@@ -98,9 +112,11 @@ def no_data_dependent_mask_checks() -> Iterator[None]:
             for name, replacement in replacements.items():
                 setattr(masking_utils, name, replacement)
         _patch_users += 1
+    token = _PADDED.set(padded)
     try:
         yield
     finally:
+        _PADDED.reset(token)
         with _PATCH_LOCK:
             _patch_users -= 1
             if _patch_users == 0:

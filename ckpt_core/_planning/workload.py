@@ -67,6 +67,7 @@ class Workload:
     compute: Compute = "loaded"  # weights loaded in dtype, or fp32 weights + autocast to dtype
     gradients: Gradients = "set_to_none"  # zero_grad(set_to_none=True) each step, or accumulate
     logits_held: bool = True  # the step's output (logits) stays referenced through backward
+    padded: bool = False  # an attention mask with padding reaches the model (pad to longest)
     # Distributed data parallelism (`ckpt_core._memory.sharding`); checked by `_check_distributed`.
     world_size: int = 1  # GPUs in the data-parallel group
     sharding: Sharding = "none"  # none: DDP (or one GPU); zero1/2/3: ZeRO stages, zero3 = FSDP
@@ -102,6 +103,7 @@ class Workload:
         _check_headroom(self.headroom)
         _check_bool("double_quant", self.double_quant)
         _check_bool("logits_held", self.logits_held)
+        _check_bool("padded", self.padded)
         _check_choice("kbit_preparation", self.kbit_preparation, KBIT_PREPARATIONS)
         _check_choice("compute", self.compute, COMPUTES)
         _check_choice("gradients", self.gradients, GRADIENTS)

@@ -1,7 +1,8 @@
 """BERT (masked LM): post-LayerNorm blocks, bidirectional, learned positions and types.
 
 Everything the memory model knows about BERT, in one place.  Without padding
-transformers passes no mask; the loss takes the logits in the dtype.
+transformers passes no mask (with it, a mask per sample); the loss takes the
+logits in the dtype.
 Pure arithmetic.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ckpt_core._memory.arch import Arch, BlockKind, read_activation, read_int
-from ckpt_core._memory.attention import attention_core
+from ckpt_core._memory.attention import attention_core, mask_kind
 from ckpt_core._memory.costs import (
     BlockFlops,
     attention_block_flops,
@@ -129,8 +130,8 @@ def _head(arch: Arch, step: Step) -> Ledger:
 
 
 def _mask(arch: Arch, step: Step) -> str | None:
-    """Bidirectional attention without padding: no mask at all."""
-    return None
+    """Bidirectional attention: a mask only for a padded batch."""
+    return mask_kind(arch, step, sliding=False) if step.padded else None
 
 
 def _block_flops(arch: Arch, step: Step, kind: BlockKind) -> BlockFlops:

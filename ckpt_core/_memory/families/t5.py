@@ -270,4 +270,5 @@ FAMILY = Family(
     head_flops=lm_head_flops,
     loss_in_fp32=False,
     no_flash=frozenset({"t5"}),
+    padding=False,
 )
