@@ -99,6 +99,7 @@ def workload_of(row: dict[str, Any]) -> dict[str, Any]:
         "optimizer": run.get("optimizer", "adamw"),
         "double_quant": bool(run.get("double_quant", False)),
         "gradients": run.get("gradients", "set_to_none"),
+        "padded": bool(run.get("padded", False)),
     }
     if quantized:
         workload["weights"] = run["quantization"]

@@ -13,7 +13,8 @@ LoRA through ``get_peft_model``, adapters fp32, ``lora_alpha = 2r``, dropout
 checkpointing (``--hooks hf``, full only), then runs ``--warmup`` steps and one
 measured step: ``zero_grad(set_to_none=True)``, ``out = model(input_ids=x,
 labels=x, use_cache=False)`` (a multimodal model's text config keeps its own
-``use_cache``), ``out.loss.backward()``, ``optimizer.step()`` (torch AdamW on the
+``use_cache``; ``--padded`` adds an ``attention_mask`` that pads each row's last
+token), ``out.loss.backward()``, ``optimizer.step()`` (torch AdamW on the
 trainable parameters).  It appends one row (measured fields plus the
 estimate's prediction) to ``--out``, which ``bench/gpu_truth.py`` scores.
 Without CUDA it exits with status 3 and says so.
@@ -47,6 +48,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lora-rank", type=int, default=32)
     parser.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj")
     parser.add_argument("--attention", choices=("eager", "sdpa"), default="sdpa")
+    parser.add_argument(
+        "--padded", action="store_true", help="an attention mask that pads each row's last token"
+    )
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--out", type=Path, required=True, help="JSON rows file (appended)")
     parser.add_argument(
@@ -79,6 +83,7 @@ def workload_of(args: argparse.Namespace) -> dict[str, Any]:
         "lora_targets": args.lora_targets.split(","),
         "attention": args.attention,
         "double_quant": args.double_quant,
+        "padded": args.padded,
     }
 
 
@@ -113,7 +118,8 @@ def build_row(
         "model_id": args.model,
         "gpu": gpu,
         "config": f"{args.method} r={args.lora_rank} bs={args.batch} seq={args.seq_len} "
-        f"{args.dtype} {args.attention} tier={args.tier} hooks={args.hooks}",
+        f"{args.dtype} {args.attention} tier={args.tier} hooks={args.hooks}"
+        + (" padded" if args.padded else ""),
         "run": {
             "kernel": "eager" if args.attention == "eager" else "flash",
             "attn_impl": args.attention,
@@ -122,6 +128,7 @@ def build_row(
             "precision": args.dtype,
             "quantization": "nf4" if args.method == "qlora" else "none",
             "double_quant": args.double_quant,
+            "padded": args.padded,
             "optimizer": "adamw",
             "method": args.method,
             "lora_rank": args.lora_rank,
@@ -227,13 +234,22 @@ def prepared_model(
     return model
 
 
-def training_step(model: Any, optimizer: Any, ids: Any) -> float:
-    """One step as the shared rows ran it; returns the loss."""
+def training_step(model: Any, optimizer: Any, ids: Any, mask: Any = None) -> float:
+    """One step as the shared rows ran it (``mask``: a padded batch's); returns the loss."""
     optimizer.zero_grad(set_to_none=True)
-    out = model(input_ids=ids, labels=ids, use_cache=False)
+    out = model(input_ids=ids, labels=ids, attention_mask=mask, use_cache=False)
     out.loss.backward()
     optimizer.step()
     return float(out.loss.detach())
+
+
+def padding_mask(ids: Any) -> Any:
+    """An attention mask that pads the last token of every row."""
+    import torch
+
+    mask = torch.ones_like(ids)
+    mask[:, -1] = 0
+    return mask
 
 
 def _measure_step(
@@ -249,11 +265,12 @@ def _measure_step(
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable)
     ids = torch.randint(0, config["vocab_size"], (args.batch, args.seq_len), device="cuda")
+    mask = padding_mask(ids) if args.padded else None
     for _ in range(args.warmup):
-        training_step(model, optimizer, ids)
+        training_step(model, optimizer, ids, mask)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    training_step(model, optimizer, ids)
+    training_step(model, optimizer, ids, mask)
     torch.cuda.synchronize()
     free, total = torch.cuda.mem_get_info()
     reserved = torch.cuda.max_memory_reserved()

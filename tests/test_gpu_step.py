@@ -81,6 +81,16 @@ def test_the_row_round_trips_through_gpu_truth(
     assert row["model_config"]["num_kv_heads"] == config["num_key_value_heads"]
 
 
+def test_a_padded_row_is_estimated_as_a_padded_batch() -> None:
+    args = gpu_step.parse_args([*ARGS, "--tier", "off", "--padded"])
+    config = dict(load_model_config({"preset": "llama-3.2-1b"}).config)
+    padded = gpu_step.build_row(args, config, MEASURED, "NVIDIA H200", {"torch": "x"})
+    args.padded = False
+    plain = gpu_step.build_row(args, config, MEASURED, "NVIDIA H200", {"torch": "x"})
+    assert workload_of(padded)["padded"] and not workload_of(plain)["padded"]
+    assert padded["predicted"]["allocated_mib"] > plain["predicted"]["allocated_mib"]
+
+
 def test_the_sweep_covers_every_tier_of_three_families_at_two_lengths(
     capsys: pytest.CaptureFixture,
 ) -> None:
@@ -107,7 +117,10 @@ TINY = {
 }
 
 
-def test_the_step_recipe_runs_on_cpu_and_every_tier_gives_the_same_loss(tmp_path: Path) -> None:
+@pytest.mark.parametrize("padded", [False, True])
+def test_the_step_recipe_runs_on_cpu_and_every_tier_gives_the_same_loss(
+    tmp_path: Path, padded: bool
+) -> None:
     """The build / prepare / step path the GPU run takes, on CPU with a tiny model."""
     weights = gpu_step.saved_random_weights(TINY, tmp_path / "weights", torch.float32)
     built = (weights / "config.json").stat().st_mtime_ns
@@ -123,7 +136,8 @@ def test_the_step_recipe_runs_on_cpu_and_every_tier_gives_the_same_loss(tmp_path
         )
         optimizer = torch.optim.AdamW(trainable)
         ids = torch.arange(32).reshape(2, 16) % TINY["vocab_size"]
-        losses[tier] = [gpu_step.training_step(model, optimizer, ids) for _ in range(2)]
+        mask = gpu_step.padding_mask(ids) if padded else None
+        losses[tier] = [gpu_step.training_step(model, optimizer, ids, mask) for _ in range(2)]
     assert (weights / "config.json").stat().st_mtime_ns == built  # built once, reused
     for tier, values in losses.items():
         assert values == pytest.approx(losses["off"], rel=1e-5), tier
