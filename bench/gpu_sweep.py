@@ -4,7 +4,8 @@ Run on a CUDA machine: ``.venv/bin/python -m bench.gpu_sweep [--out FILE] [--dry
 For each preset x sequence length x tier (off, selective, medium, full) it
 runs ``bench.gpu_step`` in a fresh process (a clean CUDA context and
 caching allocator per row, as the shared rows were measured), LoRA r32 on q /
-k / v / o, bf16, sdpa (``--attention eager``, ``--tiers`` for others),
+k / v / o, bf16, sdpa (``--attention eager``, ``--tiers`` for others;
+``--padded``: an attention mask that pads each row's last token),
 appending the rows to ``--out`` (default ``bench/data/sweep.json``), which
 ``bench/gpu_truth.py`` then scores.  Each model's random weights are built
 once and reused by its later steps.
@@ -37,6 +38,7 @@ def commands(
     *,
     tiers: tuple[str, ...] = TIERS,
     attention: str = "sdpa",
+    padded: bool = False,
 ) -> list[list[str]]:
     return [
         [
@@ -57,6 +59,7 @@ def commands(
             str(out),
             "--weights",
             str(weights / preset),
+            *(["--padded"] if padded else []),
         ]
         for preset in presets
         for seq in seqs
@@ -71,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seqs", default=",".join(map(str, SEQS)))
     parser.add_argument("--tiers", default=",".join(TIERS))
     parser.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa")
+    parser.add_argument("--padded", action="store_true", help="padded batches (gpu_step's)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per step")
     parser.add_argument("--dry", action="store_true", help="print the commands only")
     args = parser.parse_args(argv)
@@ -78,7 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as weights:
         presets, tiers = tuple(args.presets.split(",")), tuple(args.tiers.split(","))
         steps = commands(
-            args.out, presets, seqs, Path(weights), tiers=tiers, attention=args.attention
+            args.out,
+            presets,
+            seqs,
+            Path(weights),
+            tiers=tiers,
+            attention=args.attention,
+            padded=args.padded,
         )
         failed = sum(_run(step, args.timeout, args.dry) for step in steps)
     return min(failed, 125)

@@ -103,6 +103,11 @@ def test_the_sweep_covers_every_tier_of_three_families_at_two_lengths(
         assert sum(f"--tier {tier} " in line for line in lines) == 6
     families = {load_model_config({"preset": p}).config["model_type"] for p in gpu_sweep.PRESETS}
     assert len(families) == 3
+    assert not any("--padded" in line for line in lines)
+    assert gpu_sweep.main(["--dry", "--padded", "--tiers", "off"]) == 0
+    padded = capsys.readouterr().out.splitlines()
+    assert len(padded) == 3 * 2 and all(line.endswith(" --padded") for line in padded)
+    assert gpu_step.parse_args(padded[0].split()[1:]).padded
 
 
 TINY = {
