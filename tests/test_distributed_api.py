@@ -107,7 +107,7 @@ def test_dry_run_counts_each_gpus_parameters_as_the_estimate_does(
         assert report.measured["parameters_per_gpu"] == report.parameters
 
 
-def test_a_plain_measurement_reports_what_it_did_before() -> None:
+def test_a_plain_measurement_reports_its_shape_and_no_per_gpu_fields() -> None:
     report = dry_run({"preset": "llama-3.2-1b"}, "full", measure={"seq_len": 64})
     assert report.measured is not None
     assert set(report.measured) == {
@@ -116,4 +116,5 @@ def test_a_plain_measurement_reports_what_it_did_before() -> None:
         "micro_batch_size",
         "dtype",
         "attention",
+        "padded",
     }
