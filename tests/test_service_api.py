@@ -65,6 +65,20 @@ def test_resolve_with_a_model_and_workload_answers_the_estimate(api: TestClient)
     _error(api.post("/resolve", json=bad_workload), 422, "invalid_workload", "workload.method")
 
 
+def test_a_padded_workload_is_estimated_as_one(api: TestClient) -> None:
+    """padded reaches the estimate: sdpa's masks and repeated K / V add activations."""
+    model = {"preset": "llama-3.2-1b"}
+    workload = {"seq_len": 1024, "micro_batch_size": 2, "method": "lora", "padded": True}
+    body = {"tier": "auto", "gpu": "A100-80GB", "model": model, "workload": workload}
+    padded = api.post("/resolve", json=body)
+    plain = api.post("/resolve", json={**body, "workload": {**workload, "padded": False}})
+    assert padded.status_code == plain.status_code == 200, padded.text
+    expected = ckpt_core.make_plan("auto", gpu="A100-80GB", model=model, workload=workload)
+    assert padded.json() == json.loads(json.dumps(expected.to_dict()))
+    tiers = padded.json()["estimate"]["tiers"], plain.json()["estimate"]["tiers"]
+    assert tiers[0]["off"]["activation_bytes"] > tiers[1]["off"]["activation_bytes"]
+
+
 @pytest.mark.parametrize("path", ["/resolve", "/dry-run"])
 def test_a_missing_tier_is_a_422_naming_it(api: TestClient, path: str) -> None:
     """A forgotten tier must not silently mean "off": null, false and "off" say it."""
