@@ -60,10 +60,20 @@ class Case:
     batch: int
     seq: int
     padded: bool = False  # an attention mask with padding (`measure_activation_bytes`'s)
+    overrides: tuple[tuple[str, Any], ...] = ()  # config keys set on the preset's config
 
     @property
     def targets(self) -> list[str]:
         return FUSED_TARGETS if self.preset.startswith("phi-") else TARGETS
+
+    @property
+    def model(self) -> dict[str, Any]:
+        """The model input: the preset, or its config with the overrides."""
+        if not self.overrides:
+            return {"preset": self.preset}
+        from ckpt_core._configs.presets import load_preset
+
+        return {"config": {**load_preset(self.preset), **dict(self.overrides)}}
 
 
 class _Log(TorchDispatchMode):
@@ -148,7 +158,7 @@ def _model(case: Case) -> Any:
     from ckpt_core._configs.model_config import build_meta_model, load_model_config
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[case.dtype]
-    config = load_model_config({"preset": case.preset})
+    config = load_model_config(case.model)
     model = build_meta_model(config, attention=case.attention).to(dtype)
     if case.method == "qlora":
         for layer in model.get_decoder().layers:
@@ -323,7 +333,7 @@ def estimate(case: Case) -> tuple[int, int, int]:
         workload.update(lora_rank=32, lora_targets=case.targets)
     if case.method == "qlora":
         workload["weights"] = "nf4"
-    run = prepare(model_facts({"preset": case.preset}), parse_workload(workload), GPU)
+    run = prepare(model_facts(case.model), parse_workload(workload), GPU)
     answer = estimate_tiers(run, None)
     tier = answer["tiers"][case.tier]
     context = answer["assumptions"]["cuda_context_bytes"]

@@ -6,6 +6,9 @@ import pytest
 
 from bench.op_order import Case, estimate, record, replay, with_workspaces
 
+# Qwen2 with use_sliding_window: layers from max_window_layers on slide, the others do not.
+QWEN2_SLIDING = (("use_sliding_window", True), ("sliding_window", 512), ("max_window_layers", 12))
+
 
 @pytest.mark.parametrize(
     "case",
@@ -20,10 +23,12 @@ from bench.op_order import Case, estimate, record, replay, with_workspaces
         Case("gemma-3-4b", "lora", "bf16", "sdpa", "off", 1, 1024),
         Case("llama-3.2-1b", "lora", "bf16", "sdpa", "off", 2, 512, padded=True),
         Case("gemma-3-4b", "lora", "bf16", "sdpa", "off", 2, 512, padded=True),
+        Case("qwen2.5-0.5b", "lora", "bf16", "sdpa", "off", 2, 1024, overrides=QWEN2_SLIDING),
     ],
     ids=lambda case: (
         f"{case.preset}-{case.method}-{case.attention}-{case.tier}-s{case.seq}"
         + ("-padded" if case.padded else "")
+        + ("-sliding" if case.overrides else "")
     ),
 )
 def test_the_replay_allocates_what_the_real_op_order_does(case: Case) -> None:
@@ -34,7 +39,8 @@ def test_the_replay_allocates_what_the_real_op_order_does(case: Case) -> None:
     logit softcapping, OLMo-2's post-norms, full-width q / k norms and fp32 RoPE,
     Gemma 3's vision tower (loaded, never run) and its sliding layers' K / V copies
     (with a mask, sdpa gets grouped heads repeated: seq 1024 = its window); a padded
-    batch's masks, per sample on every layer (Gemma 3's sliding ones below the window)."""
+    batch's masks, per sample on every layer (Gemma 3's sliding ones below the window);
+    Qwen2's sliding layers among full ones, each kind with its own mask."""
     allocated, reserved, workspace = estimate(case)
     real_allocated, real_reserved = replay(with_workspaces(record(case), workspace))
     assert allocated == pytest.approx(real_allocated, rel=0.002)

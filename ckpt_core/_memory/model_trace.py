@@ -70,30 +70,34 @@ def embedding(sim: Sim, arch: Arch, recipe: TraceRecipe) -> int:
 
 
 def llama_prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) -> Inputs:
-    """LlamaModel.forward: the embeddings, the mask every layer reads, then RoPE.
+    """LlamaModel.forward: the embeddings, the masks the layers read, then RoPE.
 
-    Eager: a float mask per sample.  sdpa: none, but a boolean one for a padded
-    batch (``create_causal_mask``) or once a sliding window every layer has is no
-    longer than the sequence (Mistral, Phi-3's ``create_sliding_window_causal_mask``).
+    One mask per kind of layer the model has (full attention, sliding window:
+    Mistral and Phi-3 slide on every layer, Qwen2 with ``use_sliding_window`` on
+    some).  Eager: a float mask per sample.  sdpa: the full-attention layers' is
+    none, but a boolean one for a padded batch (``create_causal_mask``); the
+    sliding layers' is a boolean one once the window is no longer than the
+    sequence, or for a padded batch (``create_sliding_window_causal_mask``).
     """
     hidden = embedding(sim, arch, recipe)
-    sliding = bool(arch.sliding_layers) and all(arch.sliding_layers)
+    kinds = set(arch.sliding_layers) or {False}  # families without the field: full only
     if recipe.attention == "eager":
         if recipe.padded:
-            mask = eager_mask(sim, recipe, causal_mask(sim, recipe))
+            full = eager_mask(sim, recipe, causal_mask(sim, recipe))
         else:
-            mask = sim.new(recipe.act * recipe.batch * recipe.seq * recipe.seq)
-        held, forward_held = (mask,), ()
+            full = sim.new(recipe.act * recipe.batch * recipe.seq * recipe.seq)
+        sliding = sliding_mask(sim, recipe) if kinds == {False, True} else full
+        held, forward_held = tuple(dict.fromkeys((full, sliding))), ()
     else:
-        held, mask = (sim.new(4),), None
-        if sliding and (window_masked(arch, recipe) or recipe.padded):
-            mask = sliding_mask(sim, recipe)
-        elif recipe.padded:
-            mask = causal_mask(sim, recipe)
-        forward_held = () if mask is None else (mask,)
+        held, full, sliding = (sim.new(4),), None, None
+        if recipe.padded and False in kinds:
+            full = causal_mask(sim, recipe)
+        if True in kinds and (window_masked(arch, recipe) or recipe.padded):
+            sliding = sliding_mask(sim, recipe)
+        forward_held = tuple(mask for mask in (full, sliding) if mask is not None)
     if workspace:  # the rotary embedding's `inv_freq @ position_ids`: the first cuBLAS call
         sim.new(workspace)
-    return Inputs(hidden, mask, step_held=held, forward_held=forward_held, sliding_mask=mask)
+    return Inputs(hidden, full, held, forward_held, sliding_mask=sliding)
 
 
 def _llama_layer(
@@ -106,7 +110,9 @@ def _llama_layer(
     index: int,
     selective: bool = False,
 ) -> int:
-    return block(sim, x, arch=arch, recipe=recipe, mask=inputs.mask, selective=selective)
+    sliding = bool(arch.sliding_layers) and arch.sliding_layers[index]
+    mask = inputs.sliding_mask if sliding else inputs.mask
+    return block(sim, x, arch=arch, recipe=recipe, mask=mask, selective=selective)
 
 
 LLAMA = TraceModel(prepare=llama_prepare, block=_llama_layer, norm=norm)
