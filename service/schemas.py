@@ -235,7 +235,8 @@ class MeasureSpec(_Request):
     padded: bool = Field(
         False,
         description="The batch is padded: an attention mask with padding reaches the model "
-        "(sdpa then gets a materialized mask on every layer).",
+        "(sdpa then gets a materialized mask on every layer). Packed sequences whose "
+        "position ids restart get the same mask: true for them too.",
     )
     world_size: JsonInt = Field(
         1, ge=1, le=MAX_WORLD_SIZE, description="GPUs in the data-parallel group."
