@@ -86,7 +86,7 @@ _API_NAMES: tuple[str, ...] = (
 
 _FLAG_HELP: dict[str, str] = {
     "lora_targets": "comma-separated module names",
-    "padded": "the batch is padded: an attention mask with padding reaches the model",
+    "padded": "padded batches (an attention mask), or packed ones whose position ids restart",
     "world_size": "GPUs in the data-parallel group (1)",
     "sharding": "none (DDP) | zero1 | zero2 | zero3 (FSDP FULL_SHARD)",
     "engine": "torch (DDP / FSDP2) | deepspeed",
