@@ -139,7 +139,8 @@ def sliding_mask(sim: Sim, recipe: TraceRecipe) -> int:
 
 def causal_mask(sim: Sim, recipe: TraceRecipe) -> int:
     """``create_causal_mask`` of a padded batch: masking_utils.sdpa_mask's ``kv_idx <=
-    q_idx``, anded with the padding's; the unpadded one is made only for eager (below)."""
+    q_idx``, anded with the padding's (unpadded, sdpa needs none, and the replay makes
+    eager's float mask at once)."""
     seq = recipe.seq
     before = sim.new(seq * seq)
     causal = sim.new(seq * seq)
