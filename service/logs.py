@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import logging
 import queue
+import select
 import sys
 import threading
 import time
@@ -72,8 +73,11 @@ class BatchStderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """Formats each record as it comes and writes them all to ``sys.stderr`` on `flush`.
 
     One write per batch instead of one per line: every write releases and
-    retakes the GIL, which the event loop then waits for.  ``sys.stderr`` is
-    looked up at each write (pytest replaces it).
+    retakes the GIL, which the event loop then waits for.  A batch is cut at
+    line ends into writes of at most ``select.PIPE_BUF`` bytes, which a pipe
+    writes whole: the worker processes share the service's stderr, and a
+    larger write could have their output land inside a line.  ``sys.stderr``
+    is looked up at each write (pytest replaces it).
     """
 
     def __init__(self) -> None:
@@ -90,11 +94,29 @@ class BatchStderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
         with self.lock:  # type: ignore[union-attr] - Handler.createLock always sets it
             if not self._lines:
                 return
-            text = self.terminator.join(self._lines) + self.terminator
+            lines = [line + self.terminator for line in self._lines]
             self._lines.clear()
             self.stream = sys.stderr
-            self.stream.write(text)
-            self.stream.flush()
+            for chunk in _pipe_sized(lines):
+                self.stream.write(chunk)
+                self.stream.flush()
+
+
+def _pipe_sized(lines: list[str]) -> list[str]:
+    """``lines`` joined into pieces of at most ``select.PIPE_BUF`` bytes (a longer line alone)."""
+    pieces: list[str] = []
+    piece: list[str] = []
+    size = 0
+    for line in lines:
+        length = len(line.encode())
+        if piece and size + length > select.PIPE_BUF:
+            pieces.append("".join(piece))
+            piece, size = [], 0
+        piece.append(line)
+        size += length
+    if piece:
+        pieces.append("".join(piece))
+    return pieces
 
 
 class BatchingQueueListener(QueueListener):

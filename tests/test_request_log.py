@@ -13,7 +13,9 @@ import io
 import json
 import logging
 import logging.handlers
+import math
 import queue
+import select
 import sys
 import time
 from collections.abc import Iterator
@@ -146,12 +148,18 @@ def test_a_request_without_a_body_is_not_read_or_timed() -> None:
 
 
 class _CountingStream(io.StringIO):
-    """A stderr stand-in that counts its writes."""
+    """A stderr stand-in that keeps its writes."""
 
-    writes = 0
+    def __init__(self) -> None:
+        super().__init__()
+        self.pieces: list[str] = []
+
+    @property
+    def writes(self) -> int:
+        return len(self.pieces)
 
     def write(self, text: str) -> int:
-        self.writes += 1
+        self.pieces.append(text)
         return super().write(text)
 
 
@@ -177,6 +185,25 @@ def test_lines_queued_together_are_written_in_one_write(monkeypatch: pytest.Monk
     listener.stop()
     assert stream.getvalue().splitlines() == [f"line {n}" for n in range(50)]
     assert stream.writes == 1
+
+
+def test_a_large_batch_is_written_in_pipe_sized_pieces_cut_at_line_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pipe writes up to PIPE_BUF bytes whole: other processes sharing stderr (the
+    workers) cannot land inside one of those writes, so no line is split."""
+    stream = _CountingStream()
+    monkeypatch.setattr(sys, "stderr", stream)
+    logger, listener = _listener(stream)
+    lines = [f"{number:03d} " + "x" * 96 for number in range(100)]  # 101 bytes a line
+    for line in lines:
+        logger.info(line)
+    listener.start()
+    listener.stop()
+    assert stream.getvalue().splitlines() == lines
+    per_piece = select.PIPE_BUF // 101
+    assert stream.writes == math.ceil(len(lines) / per_piece)
+    assert all(len(piece) <= select.PIPE_BUF and piece.endswith("\n") for piece in stream.pieces)
 
 
 def test_a_line_is_written_without_a_flush_within_the_batch_interval(
