@@ -3,8 +3,8 @@
 What transformers 5.24 runs on a GPU is what is written down: fused attention
 (sdpa without a mask, flash) keeps q, k, v, output and log-sum-exp; sdpa with a
 materialized mask (a padded batch, sliding windows shorter than the sequence,
-Falcon) keeps a float copy of the mask per layer and repeats GQA heads; eager keeps the fp32
-softmax, its cast to the dtype, and full-head copies of q, k, v.
+Falcon) keeps a float copy of the mask per layer and repeats GQA heads; eager
+keeps the fp32 softmax, its cast to the dtype, and full-head copies of q, k, v.
 
 Pure arithmetic.
 """
