@@ -333,3 +333,18 @@ def test_auto_with_a_shape_on_a_model_the_estimate_does_not_describe_uses_the_th
     assert "VRAM thresholds" in report.reason
     assert "no memory model for model_type 'qwen2_moe'" in report.reason
     assert report.measured is not None and report.measured["activation_bytes"] > 0
+
+
+def test_auto_with_a_padded_shape_the_estimate_does_not_model_uses_the_thresholds() -> None:
+    """T5's estimate takes no padded batch; the dry run still measures one."""
+    from ckpt_core import ESTIMATE_UNPADDED_ONLY, InvalidWorkloadError, make_plan
+
+    model, shape = {"preset": "t5-base"}, {"seq_len": 64, "padded": True}
+    assert "t5" in ESTIMATE_UNPADDED_ONLY
+    with pytest.raises(InvalidWorkloadError) as refused:
+        make_plan("auto", 40, model=model, workload=shape)
+    assert refused.value.field == "workload.padded"
+    report = dry_run(model, "auto", 40, measure=shape)
+    assert report.granularity == make_plan("auto", 40).granularity
+    assert "does not model a padded batch for model_type 't5'" in report.reason
+    assert report.measured is not None and report.measured["padded"] is True

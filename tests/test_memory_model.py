@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from ckpt_core import InvalidWorkloadError, ModelConfigError, make_plan
+from ckpt_core import ESTIMATE_UNPADDED_ONLY, InvalidWorkloadError, ModelConfigError, make_plan
 from ckpt_core._configs.model_config import build_meta_model, count_parameters, load_model_config
 from ckpt_core._configs.presets import load_preset, preset_names
 from ckpt_core._memory.activations import activation_bytes
@@ -132,9 +132,15 @@ def test_estimate_matches_meta_measurement_of_a_padded_batch(preset: str, attent
             assert more > activation_bytes(unpadded.facts.arch, unpadded.step, tier), tier
 
 
-def test_a_padded_batch_is_refused_where_its_mask_is_not_modelled() -> None:
+@pytest.mark.parametrize("preset", preset_names())
+def test_a_padded_batch_is_refused_exactly_where_its_mask_is_not_modelled(preset: str) -> None:
+    """ESTIMATE_UNPADDED_ONLY (which the HTTP document's rule uses) is what the estimate does."""
+    seq_len = 64  # within every preset's learned positions
+    if model_facts({"preset": preset}).arch.model_type not in ESTIMATE_UNPADDED_ONLY:
+        assert run_for(preset, seq_len=seq_len, padded=True).step.padded
+        return
     with pytest.raises(InvalidWorkloadError) as caught:
-        run_for("t5-base", seq_len=512, padded=True)
+        run_for(preset, seq_len=seq_len, padded=True)
     assert caught.value.field == "workload.padded"
 
 
