@@ -72,7 +72,7 @@ class JsonFormatter(OrjsonFormatter):
 class BatchStderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """Formats each record as it comes and writes them all to ``sys.stderr`` on `flush`.
 
-    One write per batch instead of one per line: every write releases and
+    A few writes per batch instead of one per line: every write releases and
     retakes the GIL, which the event loop then waits for.  A batch is cut at
     line ends into writes of at most ``select.PIPE_BUF`` bytes, which a pipe
     writes whole: the worker processes share the service's stderr, and a

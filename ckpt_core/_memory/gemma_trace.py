@@ -122,8 +122,7 @@ def gemma_block(
     self_attn, post_attention_layernorm, the residual add, pre_feedforward_layernorm,
     the MLP, post_feedforward_layernorm, the residual add (`post_normed_layer`)."""
     tokens, res = recipe.batch * recipe.seq, recipe.residual
-    sliding = bool(arch.sliding_layers) and arch.sliding_layers[index]
-    mask = inputs.sliding_mask if sliding else inputs.mask
+    mask = inputs.layer_mask(arch, index)
 
     def attention(s: Sim, y: int, held: list[int] | None = None) -> int:
         return gemma_attention(s, y, arch=arch, recipe=recipe, mask=mask, held=held)

@@ -38,6 +38,11 @@ class Inputs:
     forward_held: tuple[int, ...] = ()
     sliding_mask: int | None = None
 
+    def layer_mask(self, arch: Arch, index: int) -> int | None:
+        """The mask layer ``index`` reads: its kind's."""
+        sliding = bool(arch.sliding_layers) and arch.sliding_layers[index]
+        return self.sliding_mask if sliding else self.mask
+
 
 @dataclass(frozen=True, slots=True)
 class TraceModel:
@@ -110,8 +115,7 @@ def _llama_layer(
     index: int,
     selective: bool = False,
 ) -> int:
-    sliding = bool(arch.sliding_layers) and arch.sliding_layers[index]
-    mask = inputs.sliding_mask if sliding else inputs.mask
+    mask = inputs.layer_mask(arch, index)
     return block(sim, x, arch=arch, recipe=recipe, mask=mask, selective=selective)
 
 

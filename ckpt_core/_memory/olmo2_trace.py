@@ -51,7 +51,7 @@ def olmo2_block(
     the residual add, the MLP, post_feedforward_layernorm, the residual add
     (`post_normed_layer`)."""
     tokens = recipe.batch * recipe.seq
-    mask = inputs.mask
+    mask = inputs.layer_mask(arch, index)
 
     def attention(s: Sim, y: int, held: list[int] | None = None) -> int:
         return olmo2_attention(s, y, arch=arch, recipe=recipe, mask=mask, held=held)

@@ -6,8 +6,8 @@ same shape for an encoder-decoder, ``use_cache=False``, an attention mask
 with padding for a padded batch, the model cast to the workload dtype) and
 counts the bytes autograd keeps for the backward pass at the end of it: the
 unique storages packed by a ``torch.autograd.graph.saved_tensors_hooks`` pack
-hook that are still held by the graph, parameters and buffers excluded (docs/design.md §5,
-``activation_bytes``).  A checkpointed region's own saves go through the
+hook that are still held by the graph, parameters and buffers excluded
+(docs/design.md §5, ``activation_bytes``).  A checkpointed region's own saves go through the
 checkpoint's inner hooks and are not kept; the inputs it keeps for
 recomputation are saved (non-reentrant checkpoint's ``_NoopSaveInputs``) under
 the outer hook and so are counted - the hooks pass every tensor positionally.

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import threading
 from collections.abc import Iterator
 from typing import Any, Final
@@ -64,31 +65,21 @@ def _meta_shortcuts(masking_utils: Any) -> dict[str, Any]:
     def find_packed_sequence_indices(position_ids: Any) -> Any:
         return None if position_ids.is_meta else packed(position_ids)
 
-    def _ignore_causal_mask_sdpa(padding_mask: Any, *args: Any, **kwargs: Any) -> Any:
-        if _padded_on_meta(padding_mask):
-            return False
-        return causal(_unpadded(padding_mask), *args, **kwargs)
-
-    def _ignore_bidirectional_mask_sdpa(padding_mask: Any, *args: Any, **kwargs: Any) -> Any:
-        if _padded_on_meta(padding_mask):
-            return False
-        return bidirectional(_unpadded(padding_mask), *args, **kwargs)
-
     return {
         "find_packed_sequence_indices": find_packed_sequence_indices,
-        "_ignore_causal_mask_sdpa": _ignore_causal_mask_sdpa,
-        "_ignore_bidirectional_mask_sdpa": _ignore_bidirectional_mask_sdpa,
+        "_ignore_causal_mask_sdpa": functools.partial(_can_skip_mask, causal),
+        "_ignore_bidirectional_mask_sdpa": functools.partial(_can_skip_mask, bidirectional),
     }
 
 
-def _padded_on_meta(padding_mask: Any) -> bool:
-    """A meta padding mask of a measurement that feeds a padded batch."""
-    return padding_mask is not None and padding_mask.is_meta and _PADDED.get()
-
-
-def _unpadded(padding_mask: Any) -> Any:
-    """A meta padding mask stands for no padding (see `_meta_shortcuts`)."""
-    return None if padding_mask is not None and padding_mask.is_meta else padding_mask
+def _can_skip_mask(original: Any, padding_mask: Any, *args: Any, **kwargs: Any) -> Any:
+    """``original`` (an sdpa mask-skipping check), answered for a meta padding mask as
+    `_meta_shortcuts` says: never for a padded batch, else as for no padding mask."""
+    if padding_mask is not None and padding_mask.is_meta:
+        if _PADDED.get():
+            return False
+        padding_mask = None
+    return original(padding_mask, *args, **kwargs)
 
 
 @contextlib.contextmanager
