@@ -28,7 +28,6 @@ from ckpt_core._errors import (
     UnsupportedTransformersVersionError,
 )
 from ckpt_core._memory.families import MODEL_TYPE_FAMILIES as ESTIMATE_FAMILIES
-from ckpt_core._memory.families import UNPADDED_ONLY as ESTIMATE_UNPADDED_ONLY
 from ckpt_core._plan import Plan, make_plan
 from ckpt_core._planning.block_plan import BlockPlan
 from ckpt_core._planning.gpus import GPUS, GpuSpec, lookup_gpu
@@ -103,7 +102,6 @@ __all__ = [
     "DTYPES",
     "ENGINES",
     "ESTIMATE_FAMILIES",
-    "ESTIMATE_UNPADDED_ONLY",
     "GPUS",
     "GRADIENTS",
     "GRANULARITIES",

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Final
 from ckpt_core._configs.config_json import ConfigLimits
 from ckpt_core._configs.model_config import build_meta_model, count_parameters, load_model_config
 from ckpt_core._errors import InvalidWorkloadError
-from ckpt_core._memory.families import MODEL_TYPE_FAMILIES, UNPADDED_ONLY
+from ckpt_core._memory.families import MODEL_TYPE_FAMILIES
 from ckpt_core._plan import make_plan
 from ckpt_core._planning.tiers import PlanGranularity, Tier
 from ckpt_core._planning.workload import Workload
@@ -110,9 +110,13 @@ def dry_run(
     # auto with a shape chooses by the model as make_plan does, where the estimate
     # describes the model; a dry run measures any model, so otherwise the thresholds
     # decide and the reason says why.
-    why_not = _not_estimated(cfg.model_type, shape) if shape is not None else ""
-    if shape is not None and plan.tier == "auto" and why_not:
-        plan = replace(plan, reason=f"{plan.reason}; {why_not}, so the model did not decide")
+    estimated = cfg.model_type in MODEL_TYPE_FAMILIES
+    if shape is not None and plan.tier == "auto" and not estimated:
+        plan = replace(
+            plan,
+            reason=f"{plan.reason}; the estimate has no memory model for model_type "
+            f"{cfg.model_type!r}, so the model did not decide",
+        )
     elif shape is not None and plan.tier == "auto":
         plan = make_plan(
             tier,
@@ -159,15 +163,6 @@ def _cover(
 
     report = install_checkpoint_hooks(model, granularity, block_plan=block_plan)
     return len(report.blocks), report.hooked
-
-
-def _not_estimated(model_type: str, shape: Workload) -> str:
-    """Why the estimate cannot describe this model and shape ("" when it can)."""
-    if model_type not in MODEL_TYPE_FAMILIES:
-        return f"the estimate has no memory model for model_type {model_type!r}"
-    if shape.padded and model_type in UNPADDED_ONLY:
-        return f"the estimate does not model a padded batch for model_type {model_type!r}"
-    return ""
 
 
 def measure_shape(measure: Mapping[str, Any] | None) -> Workload | None:

@@ -20,7 +20,6 @@ from ckpt_core import (
     DTYPES,
     ENGINES,
     ESTIMATE_FAMILIES,
-    ESTIMATE_UNPADDED_ONLY,
     GRADIENTS,
     KBIT_PREPARATIONS,
     MAX_HEADROOM,
@@ -237,7 +236,8 @@ class MeasureSpec(_Request):
         False,
         description="The batch is padded: an attention mask with padding reaches the model "
         "(sdpa then gets a materialized mask on every layer). Packed sequences whose "
-        "position ids restart get the same mask: true for them too.",
+        "position ids restart get the same mask: true for them too. For an encoder-decoder "
+        "(T5), the encoder's input is padded, as a seq2seq collator pads it.",
     )
     world_size: JsonInt = Field(
         1, ge=1, le=MAX_WORLD_SIZE, description="GPUs in the data-parallel group."
@@ -366,33 +366,6 @@ def _not_beyond_positions(shape: str) -> dict[str, Any]:
     }
 
 
-# A padded batch of a model type whose estimate takes none (T5): ckpt_core refuses it.
-_PADDED: Final = {"required": ["padded"], "properties": {"padded": {"const": True}}}
-_UNPADDED_ONLY_PRESETS: Final = [
-    preset.name for preset in list_presets() if preset.model_type in ESTIMATE_UNPADDED_ONLY
-]
-_NOT_PADDED_UNESTIMATED: Final = [
-    {
-        "not": {
-            "required": ["model", "workload"],
-            "properties": {"model": model, "workload": _PADDED},
-        }
-    }
-    for model in (
-        {"required": ["preset"], "properties": {"preset": Choice(_UNPADDED_ONLY_PRESETS).schema()}},
-        {
-            "required": ["config"],
-            "properties": {
-                "config": {
-                    "required": ["model_type"],
-                    "properties": {"model_type": {"enum": sorted(ESTIMATE_UNPADDED_ONLY)}},
-                }
-            },
-        },
-    )
-]
-
-
 # Both a GPU name and a GPU memory: ckpt_core refuses the pair.
 _NOT_GPU_AND_MEMORY = {
     "not": {
@@ -410,7 +383,6 @@ class ResolveRequest(_Request):
             **_NOT_GPU_AND_MEMORY,
             "allOf": [
                 *_not_beyond_positions("workload")["allOf"],
-                *_NOT_PADDED_UNESTIMATED,
                 # The estimate has a memory model for these model types only.
                 {
                     "properties": {

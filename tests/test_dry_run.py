@@ -335,16 +335,17 @@ def test_auto_with_a_shape_on_a_model_the_estimate_does_not_describe_uses_the_th
     assert report.measured is not None and report.measured["activation_bytes"] > 0
 
 
-def test_auto_with_a_padded_shape_the_estimate_does_not_model_uses_the_thresholds() -> None:
-    """T5's estimate takes no padded batch; the dry run still measures one."""
-    from ckpt_core import ESTIMATE_UNPADDED_ONLY, InvalidWorkloadError, make_plan
+def test_auto_with_a_padded_encoder_decoder_shape_chooses_as_make_plan() -> None:
+    """T5 with a padded batch: the estimate describes it, so auto chooses by the model,
+    and the measurement of that plan is the estimate's."""
+    from ckpt_core import make_plan
 
-    model, shape = {"preset": "t5-base"}, {"seq_len": 64, "padded": True}
-    assert "t5" in ESTIMATE_UNPADDED_ONLY
-    with pytest.raises(InvalidWorkloadError) as refused:
-        make_plan("auto", 40, model=model, workload=shape)
-    assert refused.value.field == "workload.padded"
-    report = dry_run(model, "auto", 40, measure=shape)
-    assert report.granularity == make_plan("auto", 40).granularity
-    assert "does not model a padded batch for model_type 't5'" in report.reason
+    model = {"preset": "t5-base"}
+    shape = {"seq_len": 512, "micro_batch_size": 4, "padded": True}
+    plan = make_plan("auto", 16, model=model, workload=shape)
+    report = dry_run(model, "auto", 16, measure=shape)
+    assert report.granularity == plan.granularity and report.reason == plan.reason
+    assert "VRAM thresholds" not in report.reason
     assert report.measured is not None and report.measured["padded"] is True
+    estimated = plan.estimate["chosen"]["activation_bytes"]
+    assert report.measured["activation_bytes"] == pytest.approx(estimated, rel=0.02)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from ckpt_core import ESTIMATE_UNPADDED_ONLY, InvalidWorkloadError, ModelConfigError, make_plan
+from ckpt_core import InvalidWorkloadError, ModelConfigError, make_plan
 from ckpt_core._configs.model_config import build_meta_model, count_parameters, load_model_config
 from ckpt_core._configs.presets import load_preset, preset_names
 from ckpt_core._memory.activations import activation_bytes
@@ -116,12 +116,13 @@ def test_estimate_matches_other_attention_dtype_batch(preset: str, workload: dic
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize(
     "preset",
-    [p for p in REPRESENTATIVE if p != "t5-base"] + ["gpt2", "bert-base-uncased", "gemma-2-9b"],
+    [*REPRESENTATIVE, "gpt2", "bert-base-uncased", "gemma-2-9b"],
 )
 def test_estimate_matches_meta_measurement_of_a_padded_batch(preset: str, attention: str) -> None:
     """A padded batch: sdpa gets a boolean mask per sample on every layer, keeps a float
-    copy of it per layer and repeats grouped K / V heads; BERT gets a mask at all.  Falcon's
-    sdpa always gets one and Gemma 2 runs eager, so padding changes nothing they keep."""
+    copy of it per layer and repeats grouped K / V heads; BERT gets a mask at all; T5's
+    encoder and cross-attention fold their bias into it per sample.  Falcon's sdpa always
+    gets one and Gemma 2 runs eager, so padding changes nothing they keep."""
     workload = {"seq_len": 512, "micro_batch_size": 2, "attention": attention}
     assert_estimate_matches(preset, padded=True, **workload)
     if attention == "sdpa" and preset not in ("falcon-7b", "gemma-2-9b"):
@@ -130,18 +131,6 @@ def test_estimate_matches_meta_measurement_of_a_padded_batch(preset: str, attent
         for tier in ("off", "medium"):
             more = activation_bytes(padded.facts.arch, padded.step, tier)
             assert more > activation_bytes(unpadded.facts.arch, unpadded.step, tier), tier
-
-
-@pytest.mark.parametrize("preset", preset_names())
-def test_a_padded_batch_is_refused_exactly_where_its_mask_is_not_modelled(preset: str) -> None:
-    """ESTIMATE_UNPADDED_ONLY (which the HTTP document's rule uses) is what the estimate does."""
-    seq_len = 64  # within every preset's learned positions
-    if model_facts({"preset": preset}).arch.model_type not in ESTIMATE_UNPADDED_ONLY:
-        assert run_for(preset, seq_len=seq_len, padded=True).step.padded
-        return
-    with pytest.raises(InvalidWorkloadError) as caught:
-        run_for(preset, seq_len=seq_len, padded=True)
-    assert caught.value.field == "workload.padded"
 
 
 @pytest.mark.parametrize("targets", [None, ["q_proj", "v_proj"]])
@@ -163,6 +152,27 @@ def test_lora_matches_peft_on_meta(targets: list[str] | None) -> None:
         measured = measure_activation_bytes(peft_model, tier, seq_len=1024, micro_batch_size=1)
         estimated = activation_bytes(run.facts.arch, run.step, tier)
         assert estimated == pytest.approx(measured, rel=TOLERANCE), tier
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_t5_lora_padding_adds_what_peft_on_meta_adds(attention: str) -> None:
+    """T5 LoRA: what padding adds (sdpa: a bias per sample in every encoder layer and
+    cross-attention; eager: two float masks for checkpointed blocks) is exactly what it
+    adds on meta.  The relative bias is frozen, so ``torch.where`` keeps no mask."""
+    from peft import LoraConfig, get_peft_model
+
+    config = load_model_config({"preset": "t5-base"})
+    base = build_meta_model(config, attention=attention).to(torch.bfloat16)
+    peft_model = get_peft_model(base, LoraConfig(r=16, target_modules="all-linear"))
+    shape = {"seq_len": 1024, "micro_batch_size": 4, "attention": attention}
+    runs = [run_for("t5-base", method="lora", padded=p, **shape) for p in (False, True)]
+    for tier in TIERS:
+        measured = [
+            measure_activation_bytes(peft_model, tier, padded=p, **shape) for p in (False, True)
+        ]
+        estimated = [activation_bytes(r.facts.arch, r.step, tier) for r in runs]
+        assert estimated[1] - estimated[0] == measured[1] - measured[0], tier
+        assert estimated[1] == pytest.approx(measured[1], rel=TOLERANCE), tier
 
 
 def test_llama2_7b_calibration_45_5_sbh_per_layer() -> None:

@@ -100,10 +100,6 @@ HUGE_INT_BODY = b'{"tier": "auto", "gpu_memory_gb": 1000000000000000000000000000
 LARGE_CONFIG = {**TINY_CONFIG, "num_hidden_layers": 100_000}
 
 
-# T5 adds its padding mask to the relative position bias, which is not modelled.
-PADDED_T5 = {"seq_len": 512, "padded": True}
-
-
 @pytest.mark.parametrize(
     ("body", "status", "code", "field"),
     [
@@ -158,12 +154,6 @@ PADDED_T5 = {"seq_len": 512, "padded": True}
         ),
         (
             {"tier": "auto", "model": {"preset": "gpt2"}, "workload": {"seq_len": 8, "padded": 1}},
-            422,
-            "invalid_workload",
-            "workload.padded",
-        ),
-        (
-            {"tier": "auto", "model": {"preset": "t5-base"}, "workload": PADDED_T5},
             422,
             "invalid_workload",
             "workload.padded",

@@ -47,8 +47,6 @@ class Family:
     - ``idle_tensors(arch)``: parameters loaded but never run by text-only
       training (Gemma 3's vision tower), per tensor in module order: the replay
       loads them, and they get no gradient and no optimizer state;
-    - ``padding``: a padded batch's attention masks are modelled (the workload's
-      ``padded``); T5's, added to its relative position bias, are not.
     """
 
     name: str
@@ -68,7 +66,6 @@ class Family:
     trace: Callable[[Arch], TraceModel] = lambda arch: LLAMA
     replayed_exactly: Callable[[Arch], bool] = lambda arch: False
     idle_tensors: Callable[[Arch], tuple[int, ...]] = lambda arch: ()
-    padding: bool = True
 
 
 def single_stack(arch: Arch) -> tuple[int, ...]:

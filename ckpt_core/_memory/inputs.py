@@ -23,7 +23,7 @@ from ckpt_core._memory.estimate import (
     recipe_for,
     static_memory,
 )
-from ckpt_core._memory.families import NO_FLASH, NO_SDPA, UNPADDED_ONLY, arch_of, param_layout
+from ckpt_core._memory.families import NO_FLASH, NO_SDPA, arch_of, param_layout
 from ckpt_core._memory.ledger import Step
 from ckpt_core._memory.param_layout import ParamLayout
 from ckpt_core._memory.peak import Recipe
@@ -153,12 +153,6 @@ def activation_dtype_bytes(workload: Workload) -> int:
 
 
 def _check_fits_model(arch: Arch, workload: Workload) -> None:
-    if workload.padded and arch.model_type in UNPADDED_ONLY:
-        raise InvalidWorkloadError(
-            f"padded batches are not modelled for {arch.model_type}: its padding mask is added "
-            "to the relative position bias, which the memory model does not follow",
-            field="workload.padded",
-        )
     if arch.positions and workload.seq_len > arch.positions:
         raise InvalidWorkloadError(
             f"seq_len {workload.seq_len} is longer than the model's learned positions "

@@ -36,11 +36,6 @@ MODEL_TYPE_FAMILIES: Final = {
     model_type: family.name for model_type, family in _BY_MODEL_TYPE.items()
 }
 
-# Model types whose estimate takes no padded batch (`Family.padding`).
-UNPADDED_ONLY: Final = frozenset(
-    model_type for family in FAMILIES if not family.padding for model_type in family.model_types
-)
-
 # Model types transformers runs without sdpa / flash attention (see `Family`).
 NO_SDPA: Final = frozenset().union(*(family.no_sdpa for family in FAMILIES))
 NO_FLASH: Final = frozenset().union(*(family.no_flash for family in FAMILIES))

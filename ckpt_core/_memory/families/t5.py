@@ -3,7 +3,11 @@
 Everything the memory model knows about T5, in one place.  The first block
 of each stack computes the relative position bias and hands it to the
 others; decoder blocks add cross-attention over the encoder's output.  The
-loss takes the logits in the dtype.  Pure arithmetic.
+loss takes the logits in the dtype.  A padded batch is what a seq2seq
+collator feeds: a padding mask for the encoder, which its self-attention and
+the decoder's cross-attention read, and none for the decoder (its padded
+labels are -100).  sdpa then folds each layer's bias into that mask, one per
+sample (transformers' ``create_position_bias_mask``).  Pure arithmetic.
 """
 
 from __future__ import annotations
@@ -145,9 +149,7 @@ def _block(arch: Arch, step: Step, mode: BlockMode, kind: BlockKind) -> Ledger:
     if decoder:
         if mode == "selective":
             led.keep("mid", elem_bytes * n)
-            led.keep(f"{GLOBAL}encoder_out", elem_bytes * n)
-            if not first:
-                led.keep(f"{GLOBAL}cross_bias", elem_bytes * arch.heads * step.seq * step.seq)
+            _cross_inputs(led, arch, step, first=first)
         else:
             x = norm(led, step, "mid", "ca.ln", kind="t5", rows=rows, width=h)
             _attention(led, arch, step, x, "ca", decoder=True, first=False, cross=True)
@@ -162,16 +164,35 @@ def _block(arch: Arch, step: Step, mode: BlockMode, kind: BlockKind) -> Ledger:
 def _inputs(
     led: Ledger, arch: Arch, step: Step, *, decoder: bool, first: bool, cross: bool
 ) -> None:
-    """A checkpointed T5 block (or self-attention) keeps the bias handed from block 0."""
+    """A checkpointed T5 block (or its attention) keeps the bias handed from block 0 and
+    the masks it is called with."""
     bias = arch.heads * step.seq * step.seq * step.dtype_bytes
     if decoder and step.attention == "eager":  # the causal mask, a float tensor
         led.keep(f"{GLOBAL}mask.eager.full", mask_bytes(step, "eager.full"))
+    if not decoder:
+        _padding_mask(led, step, "encoder")
     if not first:
         led.keep(f"{GLOBAL}{'decoder' if decoder else 'encoder'}.position_bias", bias)
     if decoder and cross:
-        led.keep(f"{GLOBAL}encoder_out", step.dtype_bytes * hidden_elements(arch, step))
-        if not first:
-            led.keep(f"{GLOBAL}cross_bias", bias)
+        _cross_inputs(led, arch, step, first=first)
+
+
+def _cross_inputs(led: Ledger, arch: Arch, step: Step, *, first: bool) -> None:
+    """What a checkpointed cross-attention reads besides its input: the encoder's
+    output, its padding mask, and the (zero) bias handed from block 0."""
+    led.keep(f"{GLOBAL}encoder_out", step.dtype_bytes * hidden_elements(arch, step))
+    _padding_mask(led, step, "cross")
+    if not first:
+        led.keep(f"{GLOBAL}cross_bias", arch.heads * step.seq * step.seq * step.dtype_bytes)
+
+
+def _padding_mask(led: Ledger, step: Step, which: str) -> None:
+    """A padded batch's encoder mask, as the encoder (``which="encoder"``) or the
+    cross-attention (``"cross"``, a mask of its own) gets it: boolean for sdpa, a
+    float per sample for eager (T5 has no flash attention)."""
+    if step.padded:
+        kind = "eager.full" if step.attention == "eager" else "bool.full"
+        led.keep(f"{GLOBAL}mask.t5.{which}", mask_bytes(step, kind))
 
 
 def _attention(
@@ -185,7 +206,13 @@ def _attention(
     first: bool,
     cross: bool = False,
 ) -> None:
-    """Attention with T5's relative position bias (sdpa: a float mask; eager: an added bias)."""
+    """Attention with T5's relative position bias (sdpa: a float mask; eager: an added bias).
+
+    sdpa's mask is the bias itself (the encoder), ``torch.where`` of a mask and
+    the bias (the causal decoder; the padded encoder and cross-attention, per
+    sample) or the zero bias block 0 makes (unpadded cross-attention).
+    ``torch.where`` keeps its condition when the bias is trained.
+    """
     elem_bytes, rows, h = step.dtype_bytes, step.tokens, arch.hidden
     inner = arch.heads * arch.head_dim
     module = "EncDecAttention" if cross else "SelfAttention"
@@ -203,10 +230,15 @@ def _attention(
         led.keep(f"{tag}.{name}", elem_bytes * rows * inner)
     led.keep(f"{tag}.lse", 4 * step.batch * arch.heads * step.seq)
     bias = elem_bytes * arch.heads * step.seq * step.seq
-    if cross:
+    padded = step.padded and (cross or not decoder)  # the decoder's own tokens: no mask
+    if padded:  # the zero cross bias needs no gradient: its condition is not kept
+        led.keep(f"{tag}.bias", step.batch * bias)
+        if not cross and step.trainable_weights:
+            _padding_mask(led, step, "encoder")
+    elif cross:
         led.keep(f"{GLOBAL}cross_bias", bias)  # zeros made in block 0, kept by all
     else:
-        if decoder:  # causal: torch.where keeps its boolean condition
+        if decoder and step.trainable_weights:  # causal: torch.where's condition
             led.keep(f"{tag}.causal", step.seq * step.seq)
         led.keep(f"{tag}.bias", bias)  # a contiguous copy of the bias, per layer
     linear(led, step, f"{tag}.out", inner, f"{module}.o")
@@ -270,5 +302,4 @@ FAMILY = Family(
     head_flops=lm_head_flops,
     loss_in_fp32=False,
     no_flash=frozenset({"t5"}),
-    padding=False,
 )
