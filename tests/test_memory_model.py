@@ -154,6 +154,41 @@ def test_lora_matches_peft_on_meta(targets: list[str] | None) -> None:
         assert estimated == pytest.approx(measured, rel=TOLERANCE), tier
 
 
+# mT5-base's config: T5 v1.1's gated-GELU blocks with mT5's 250k vocabulary.
+MT5_BASE = {
+    "model_type": "mt5",
+    "architectures": ["MT5ForConditionalGeneration"],
+    "d_model": 768,
+    "d_kv": 64,
+    "d_ff": 2048,
+    "num_heads": 12,
+    "num_layers": 12,
+    "num_decoder_layers": 12,
+    "vocab_size": 250112,
+    "feed_forward_proj": "gated-gelu",
+    "relative_attention_num_buckets": 32,
+    "dropout_rate": 0.1,
+    "tie_word_embeddings": False,
+    "decoder_start_token_id": 0,
+}
+
+
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_mt5_is_estimated_as_its_meta_measurement(attention: str, padded: bool) -> None:
+    """mT5 runs T5's modules: the T5 family's parameters and activations hold for it."""
+    model_input = {"config": MT5_BASE}
+    model = build_meta_model(load_model_config(model_input), attention=attention)
+    facts = model_facts(model_input)
+    assert facts.layout.total == count_parameters(model)
+    shape = {"seq_len": 1024, "micro_batch_size": 2, "attention": attention}
+    run = prepare(facts, parse_workload({**shape, "padded": padded}))
+    for tier in TIERS:
+        measured = measure_activation_bytes(model, tier, padded=padded, **shape)
+        estimated = activation_bytes(facts.arch, run.step, tier)
+        assert estimated == pytest.approx(measured, rel=TOLERANCE), tier
+
+
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_t5_lora_padding_adds_what_peft_on_meta_adds(attention: str) -> None:
     """T5 LoRA: what padding adds (sdpa: a bias per sample in every encoder layer and

@@ -1,4 +1,4 @@
-"""T5: an encoder and a decoder stack, relative position bias, RMS norms, (gated) MLPs.
+"""T5 and mT5: an encoder and a decoder stack, relative position bias, RMS norms, (gated) MLPs.
 
 Everything the memory model knows about T5, in one place.  The first block
 of each stack computes the relative position bias and hands it to the
@@ -290,7 +290,7 @@ def _block_flops(arch: Arch, step: Step, kind: BlockKind) -> BlockFlops:
 
 FAMILY = Family(
     name="t5",
-    model_types=("t5",),
+    model_types=("t5", "mt5"),  # mT5's modules are T5's, copied
     read_arch=_read_arch,
     param_layout=_param_layout,
     stacks=_stacks,
@@ -301,5 +301,5 @@ FAMILY = Family(
     block_flops=_block_flops,
     head_flops=lm_head_flops,
     loss_in_fp32=False,
-    no_flash=frozenset({"t5"}),
+    no_flash=frozenset({"t5", "mt5"}),
 )
