@@ -44,6 +44,7 @@ from ckpt_core._memory.allocator import MIB, CachingAllocator
 
 TARGETS: Final = ["q_proj", "k_proj", "v_proj", "o_proj"]
 FUSED_TARGETS: Final = ["qkv_proj", "o_proj"]  # Phi-3
+T5_TARGETS: Final = ["q", "k", "v", "o"]  # self- and cross-attention
 PRESETS: Final = ("llama-3.2-1b", "qwen2.5-0.5b", "gemma-3-1b", "phi-3-mini", "qwen3-8b")
 GPU: Final = "A100-80GB"  # the workspace size; the context is taken off the estimate
 # (malloc | free | mark, storage key, bytes, the op that made it)
@@ -64,6 +65,8 @@ class Case:
 
     @property
     def targets(self) -> list[str]:
+        if self.preset.startswith("t5-"):
+            return T5_TARGETS
         return FUSED_TARGETS if self.preset.startswith("phi-") else TARGETS
 
     @property
@@ -234,6 +237,9 @@ def _record_steps(model: Any, case: Case, events: list[Event], known: dict[int, 
     ids = torch.zeros(case.batch, case.seq, dtype=torch.long, device="meta")
     _register(ids, events, known)
     inputs: dict[str, Any] = {"input_ids": ids, "labels": ids, "use_cache": False}
+    if model.config.is_encoder_decoder:  # a seq2seq collator's decoder inputs
+        inputs["decoder_input_ids"] = torch.zeros_like(ids)
+        _register(inputs["decoder_input_ids"], events, known)
     if case.padded:
         inputs["attention_mask"] = torch.ones_like(ids)
         _register(inputs["attention_mask"], events, known)

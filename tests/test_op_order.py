@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from bench.op_order import Case, estimate, record, replay, with_workspaces
@@ -45,3 +47,34 @@ def test_the_replay_allocates_what_the_real_op_order_does(case: Case) -> None:
     real_allocated, real_reserved = replay(with_workspaces(record(case), workspace))
     assert allocated == pytest.approx(real_allocated, rel=0.002)
     assert reserved == pytest.approx(real_reserved, rel=0.03)
+
+
+def test_a_trained_attention_bias_gets_the_kernels_gradient_on_meta() -> None:
+    """T5's relative position bias is trained through sdpa's additive mask: on meta the
+    fused stand-in gives it a gradient, made at the kernel's (batch, heads, q, k) shape
+    with rows padded to 16 and summed to the bias's, so the recording's backward holds
+    that buffer and AdamW steps the bias (a parameter without a gradient is skipped)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from ckpt_core._meta.stand_ins import _sdpa_stand_in
+
+    made: list[tuple[int, ...]] = []
+
+    class Shapes(TorchDispatchMode):
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            out = func(*args, **(kwargs or {}))
+            if isinstance(out, torch.Tensor):
+                made.append(tuple(out.shape))
+            return out
+
+    batch, heads, seq, dim = 2, 3, 20, 8
+    q, k, v = (torch.empty(batch, heads, seq, dim, device="meta") for _ in range(3))
+    bias = torch.empty(1, heads, seq, seq, device="meta", requires_grad=True)
+    out = _sdpa_stand_in(False)(q, k, v, bias)
+    with Shapes():
+        out.sum().backward()
+    assert bias.grad is not None and bias.grad.shape == bias.shape
+    assert (batch, heads, seq, 32) in made  # 20 keys padded to 32

@@ -136,7 +136,15 @@ def _fused_attention_class() -> type:
         def backward(ctx: Any, grad: Any) -> Any:
             query, key, value = ctx.saved_tensors[:3]
             grads = (torch.empty_like(query), torch.empty_like(key), torch.empty_like(value))
-            return (*grads, None)
+            if not ctx.needs_input_grad[3]:
+                return (*grads, None)
+            # A trained bias (T5's relative position bias): the memory-efficient kernel
+            # writes its gradient at the shape it reads the bias, (batch, heads, q, k),
+            # rows padded to 16 elements; autograd sums it to the bias's own shape.
+            batch, heads, length, _ = query.shape
+            keys = key.shape[2]
+            bias_grad = query.new_empty(batch, heads, length, -(-keys // 16) * 16)
+            return (*grads, bias_grad[..., :keys])
 
     return FusedAttention
 
