@@ -98,7 +98,7 @@ def _cell(preset: str, gib: float, seq: int, method: str, repeat: int) -> Cell |
     from ckpt_core._memory.inputs import model_facts, parse_workload, prepare
     from ckpt_core._memory.search import cheapest_fit, tier_candidates
     from ckpt_core._memory.step_trace import simulate
-    from ckpt_core._memory.verdict import TIGHT_BANDS
+    from ckpt_core._memory.verdict import tight_band
 
     workload = {"seq_len": seq, "method": method}
     try:
@@ -112,7 +112,7 @@ def _cell(preset: str, gib: float, seq: int, method: str, repeat: int) -> Cell |
     cold_ms = (time.perf_counter() - started) * 1000
     arch, step, static = run.facts.arch, run.step, run.peak
     usable = gib * (1 << 30) * (1 - run.workload.headroom)
-    budget = int(usable / (1 + TIGHT_BANDS[step.attention]))
+    budget = int(usable / (1 + tight_band(arch, step)))
     cell = Cell(preset, gib, seq, method, cold_ms=cold_ms)
     tiers = tier_candidates(arch, step, static)
     fitting = [tiers[t] for t in ORDER if tiers[t].memory.peak_bytes <= budget]

@@ -137,3 +137,21 @@ def test_a_peak_near_the_budget_is_tight() -> None:
     far = estimate_tiers(run, peak * (1 + 2 * band) / (0.9 * 2**30))["tiers"]["full"]
     over = estimate_tiers(run, peak * (1 - 2 * band) / (0.9 * 2**30))["tiers"]["full"]
     assert (near["verdict"], far["verdict"], over["verdict"]) == ("tight", "fits", "does_not_fit")
+
+
+@pytest.mark.parametrize(
+    ("preset", "band"), [("llama-3.2-1b", 0.06), ("t5-base", 0.09), ("bert-base-uncased", 0.09)]
+)
+def test_a_model_the_replay_does_not_run_itself_gets_the_wider_band(
+    preset: str, band: float
+) -> None:
+    """T5 and BERT take the closed form's allocated peak and a stand-in's pool, measured up
+    to 8.2% low against their real op order: 7.5% under the budget is tight for them."""
+    from ckpt_core._memory.advise import estimate_tiers
+
+    run = prepare(model_facts({"preset": preset}), parse_workload({"seq_len": 512}))
+    estimate = estimate_tiers(run, None)
+    assert estimate["assumptions"]["tight_band"] == band
+    peak = estimate["tiers"]["off"]["peak_bytes"]
+    row = estimate_tiers(run, peak * 1.075 / (0.9 * 2**30))["tiers"]["off"]
+    assert row["verdict"] == ("tight" if band > 0.075 else "fits")

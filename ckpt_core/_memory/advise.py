@@ -36,7 +36,7 @@ from ckpt_core._memory.inputs import Run, model_facts, parse_workload, prepare
 from ckpt_core._memory.placement import place
 from ckpt_core._memory.search import Candidate, auto_pick, granularity_of, tier_candidates
 from ckpt_core._memory.sharding import distributed_summary
-from ckpt_core._memory.verdict import TIGHT_BANDS, tight_note, verdict
+from ckpt_core._memory.verdict import tight_band, tight_note, verdict
 from ckpt_core._planning.block_plan import BlockPlan
 
 # Selective saving less than this share of the activations is worth saying.
@@ -60,7 +60,7 @@ def estimate_tiers(
     """The estimate dict: assumptions and, per tier, activations, both peaks, FLOPs, verdict."""
     tiers = tiers or tier_candidates(run.facts.arch, run.step, run.peak)
     budget = _budget(gpu_memory_gb, run.workload.headroom)
-    band = TIGHT_BANDS[run.step.attention]
+    band = tight_band(run.facts.arch, run.step)
     rows = {
         tier: {
             "activation_bytes": c.memory.activation_bytes,

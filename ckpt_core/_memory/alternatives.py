@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from ckpt_core._memory.search import Candidate, auto_pick, granularity_of, tier_candidates
-from ckpt_core._memory.verdict import TIGHT_BANDS
+from ckpt_core._memory.verdict import tight_band
 from ckpt_core._planning.tiers import CONCRETE_TIERS
 from ckpt_core._planning.workload import Workload
 
@@ -147,7 +147,7 @@ def judges_for(
         run = prepare(workload)
         arch, step, peak = run.facts.arch, run.step, run.peak
         tiers = tier_candidates(arch, step, peak)
-        band = TIGHT_BANDS[step.attention]
+        band = tight_band(arch, step)
         picked = auto_pick(arch, step, peak, budget, band=band, tiers=tiers)
         return None if picked is None else picked[0]
 
