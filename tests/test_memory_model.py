@@ -24,6 +24,7 @@ from ckpt_core._memory.flops import recompute_ratio
 from ckpt_core._memory.inputs import Run, model_facts, parse_workload, prepare
 from ckpt_core._memory.ledger import Step
 from ckpt_core._meta.measure import measure_activation_bytes
+from tests._model_configs import GRANITE, MT5_BASE
 from tests._tiny_models import tiny_model
 
 TIERS = ("off", "selective", "medium", "full")
@@ -154,32 +155,22 @@ def test_lora_matches_peft_on_meta(targets: list[str] | None) -> None:
         assert estimated == pytest.approx(measured, rel=TOLERANCE), tier
 
 
-# mT5-base's config: T5 v1.1's gated-GELU blocks with mT5's 250k vocabulary.
-MT5_BASE = {
-    "model_type": "mt5",
-    "architectures": ["MT5ForConditionalGeneration"],
-    "d_model": 768,
-    "d_kv": 64,
-    "d_ff": 2048,
-    "num_heads": 12,
-    "num_layers": 12,
-    "num_decoder_layers": 12,
-    "vocab_size": 250112,
-    "feed_forward_proj": "gated-gelu",
-    "relative_attention_num_buckets": 32,
-    "dropout_rate": 0.1,
-    "tie_word_embeddings": False,
-    "decoder_start_token_id": 0,
-}
+# Model types no bundled preset has, by their configs.
+CONFIGS = {"mt5": MT5_BASE, "granite": {**load_preset("llama-3.2-1b"), **dict(GRANITE)}}
 
 
 @pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
-def test_mt5_is_estimated_as_its_meta_measurement(attention: str, padded: bool) -> None:
-    """mT5 runs T5's modules: the T5 family's parameters and activations hold for it."""
-    model_input = {"config": MT5_BASE}
+@pytest.mark.parametrize("name", CONFIGS)
+def test_a_model_type_without_a_preset_is_estimated_as_measured(
+    name: str, attention: str, padded: bool
+) -> None:
+    """mT5 runs T5's modules, so the T5 family's parameters and activations hold for it;
+    Granite is Llama's block with scalar multipliers, which keep nothing for backward."""
+    model_input = {"config": CONFIGS[name]}
     model = build_meta_model(load_model_config(model_input), attention=attention)
     facts = model_facts(model_input)
+    assert facts.arch.model_type == name
     assert facts.layout.total == count_parameters(model)
     shape = {"seq_len": 1024, "micro_batch_size": 2, "attention": attention}
     run = prepare(facts, parse_workload({**shape, "padded": padded}))

@@ -70,6 +70,9 @@ class Arch:
     rope_concat: bool = False
     attn_softcap: bool = False
     final_softcap: bool = False
+    # Granite: the embeddings, each residual branch and the logits are multiplied by a
+    # Python float, each product a new tensor that nothing saves.
+    scalar_multipliers: bool = False
     sliding_window: int | None = None
     sliding_layers: tuple[bool, ...] = ()
     moe_layers: tuple[bool, ...] = ()

@@ -2,15 +2,15 @@
 
 The buffers and their lifetimes are those of transformers' Llama-style block
 (``LlamaDecoderLayer`` / ``LlamaAttention`` / ``eager_attention_forward`` /
-``LlamaMLP`` / ``LlamaRMSNorm``), with Phi-3's fused projections and Qwen3's
-q / k norms where the architecture has them, and the pieces other families'
-layers share (`ckpt_core._memory.gemma_trace`, `ckpt_core._memory.olmo2_trace`):
-RMSNorms, RoPE, the attention kernels, softcapping, the MLP, a post-normed
-layer.  The linears with their adapters are `ckpt_core._memory.linear_trace`.
-A tensor is freed where the last Python name or autograd node holding it lets
-go, which decides what the caching allocator can reuse.  Each "why" names the
-source it follows.  What a model runs around its blocks is
-`ckpt_core._memory.model_trace`.  Sizes in bytes.
+``LlamaMLP`` / ``LlamaRMSNorm``), with Phi-3's fused projections, Qwen3's
+q / k norms and Granite's residual multiplier where the architecture has them,
+and the pieces other families' layers share (`ckpt_core._memory.gemma_trace`,
+`ckpt_core._memory.olmo2_trace`): RMSNorms, RoPE, the attention kernels,
+softcapping, the MLP, a post-normed layer.  The linears with their adapters
+are `ckpt_core._memory.linear_trace`.  A tensor is freed where the last Python
+name or autograd node holding it lets go, which decides what the caching
+allocator can reuse.  Each "why" names the source it follows.  What a model
+runs around its blocks is `ckpt_core._memory.model_trace`.  Sizes in bytes.
 """
 
 from __future__ import annotations
@@ -141,13 +141,26 @@ def block(
         out = attention(sim, normed_in, arch=arch, recipe=recipe, mask=mask, held=weights)
     # The layer rebinds hidden_states to the attention's output: the normed input dies.
     sim.drop(normed_in)
-    mid = sim.op([x, out], recipe.residual * tokens * h, alias=True)
-    sim.drop(out)
+    mid = _residual(sim, x, out, arch=arch, recipe=recipe)
     normed = norm(sim, mid, tokens, h, recipe)
     down = mlp(sim, normed, arch=arch, recipe=recipe)
     sim.drop(normed)  # the layer rebinds hidden_states to the MLP's output
-    out = sim.op([mid, down], recipe.residual * tokens * h, alias=True)
-    sim.drop(down, mid, *weights)  # rebinding, then the locals `residual` and `_`
+    out = _residual(sim, mid, down, arch=arch, recipe=recipe)
+    sim.drop(mid, *weights)  # the locals `residual` and `_`
+    return out
+
+
+def _residual(sim: Sim, x: int, branch: int, *, arch: Arch, recipe: TraceRecipe) -> int:
+    """``residual + hidden_states`` (Granite: ``+ hidden_states * residual_multiplier``,
+    a temporary freed after the sum); the rebinding then frees the branch's output."""
+    size = recipe.residual * recipe.batch * recipe.seq * arch.hidden
+    if not arch.scalar_multipliers:
+        out = sim.op([x, branch], size, alias=True)
+        sim.drop(branch)
+        return out
+    product = sim.op([branch], recipe.act * recipe.batch * recipe.seq * arch.hidden)
+    out = sim.op([x, product], size, alias=True)
+    sim.drop(product, branch)
     return out
 
 
@@ -317,6 +330,14 @@ def _head_normed(sim: Sim, x: int, heads: int, arch: Arch, recipe: TraceRecipe) 
         return x
     rows = recipe.batch * recipe.seq * heads
     out = norm(sim, x, rows, arch.head_dim, recipe, dtype=recipe.act)
+    sim.drop(x)
+    return out
+
+
+def scaled(sim: Sim, x: int, size: int) -> int:
+    """``x = x * c`` (or ``/ c``) for a Python float: a new tensor that saves nothing,
+    and the rebinding frees ``x``."""
+    out = sim.op([x], size)
     sim.drop(x)
     return out
 

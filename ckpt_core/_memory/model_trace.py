@@ -29,7 +29,9 @@ class Inputs:
     (what the graph or a checkpoint still references to the end);
     ``forward_held``: dropped before the head when no block is checkpointed
     (nothing saves them), else with ``step_held`` (the checkpoints' recomputes
-    read them).
+    read them).  ``leaf``: the adapters' leaf when it is not ``hidden`` (Granite
+    scales the embedding's output after the input-grad hook made it a leaf),
+    whose name the caller drops once it holds it.
     """
 
     hidden: int
@@ -37,6 +39,7 @@ class Inputs:
     step_held: tuple[int, ...] = ()
     forward_held: tuple[int, ...] = ()
     sliding_mask: int | None = None
+    leaf: int | None = None
 
     def layer_mask(self, arch: Arch, index: int) -> int | None:
         """The mask layer ``index`` reads: its kind's."""
@@ -84,7 +87,11 @@ def llama_prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) -> 
     sliding layers' is a boolean one once the window is no longer than the
     sequence, or for a padded batch (``create_sliding_window_causal_mask``).
     """
-    hidden = embedding(sim, arch, recipe)
+    hidden = leaf = embedding(sim, arch, recipe)
+    if arch.scalar_multipliers:  # GraniteModel: `inputs_embeds * self.embedding_multiplier`
+        hidden = sim.op([leaf], recipe.residual * recipe.batch * recipe.seq * arch.hidden)
+        if recipe.full:  # no hook made it a leaf: the rebinding frees the lookup
+            sim.drop(leaf)
     kinds = set(arch.sliding_layers) or {False}  # families without the field: full only
     if recipe.attention == "eager":
         if recipe.padded:
@@ -102,7 +109,8 @@ def llama_prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) -> 
         forward_held = tuple(mask for mask in (full, sliding) if mask is not None)
     if workspace:  # the rotary embedding's `inv_freq @ position_ids`: the first cuBLAS call
         sim.new(workspace)
-    return Inputs(hidden, full, held, forward_held, sliding_mask=sliding)
+    leaf = leaf if leaf != hidden and not recipe.full else None
+    return Inputs(hidden, full, held, forward_held, sliding_mask=sliding, leaf=leaf)
 
 
 def _llama_layer(

@@ -31,7 +31,7 @@ import functools
 from ckpt_core._memory.activations import block_modes
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.autograd_sim import Sim
-from ckpt_core._memory.block_trace import softcap
+from ckpt_core._memory.block_trace import scaled, softcap
 from ckpt_core._memory.families import family_of
 from ckpt_core._memory.linear_trace import TraceRecipe, adapted
 
@@ -154,7 +154,10 @@ def _forward_backward(
     # holds it (torch/csrc/autograd/functions/accumulate_grad.h) and keeps its gradient
     # in `.grad`; the graph lives as long as the step's output (`out.loss.grad_fn`), so
     # both are freed with it, after optimizer.step(), not after the first block.
-    leaves = [] if recipe.full else [sim.hold(inputs.hidden)]
+    leaf = inputs.hidden if inputs.leaf is None else inputs.leaf
+    leaves = [] if recipe.full else [sim.hold(leaf)]
+    if inputs.leaf is not None:  # the forward's name for it was rebound to the product
+        sim.drop(inputs.leaf)
     sim.blas_workspace = workspace  # autograd's device thread: at the backward's first matmul
     hidden = inputs.hidden
     modes = block_modes(arch, tier)
@@ -182,6 +185,8 @@ def _forward_backward(
         param_grad=recipe.weights * arch.vocab * arch.hidden if recipe.full else 0,
         matmul=True,
     )
+    if arch.scalar_multipliers:  # GraniteForCausalLM: `logits / self.config.logits_scaling`
+        logits = scaled(sim, logits, head_bytes * vocab)
     if arch.final_softcap:  # Gemma2ForCausalLM.forward caps the logits before the loss
         logits = softcap(sim, logits, head_bytes * vocab)
     upcast = sim.op([logits], 4 * vocab) if head_bytes != 4 else logits

@@ -94,6 +94,7 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         rope_concat=model_type == "phi3",
         attn_softcap=bool(getattr(config, "attn_logit_softcapping", None)),
         final_softcap=bool(getattr(config, "final_logit_softcapping", None)),
+        scalar_multipliers=model_type == "granite",
         sliding_window=window if any(sliding) else None,
         sliding_layers=sliding,
         moe_layers=moe_layers,
@@ -375,6 +376,7 @@ FAMILY = Family(
     name="decoder",
     model_types=(
         "llama",
+        "granite",
         "mistral",
         "mixtral",
         "qwen2",

@@ -1,0 +1,34 @@
+"""Configs of model types no bundled preset has, for the memory model's tests."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+# mT5-base's config: T5 v1.1's gated-GELU blocks with mT5's 250k vocabulary.
+MT5_BASE: Final[dict[str, Any]] = {
+    "model_type": "mt5",
+    "architectures": ["MT5ForConditionalGeneration"],
+    "d_model": 768,
+    "d_kv": 64,
+    "d_ff": 2048,
+    "num_heads": 12,
+    "num_layers": 12,
+    "num_decoder_layers": 12,
+    "vocab_size": 250112,
+    "feed_forward_proj": "gated-gelu",
+    "relative_attention_num_buckets": 32,
+    "dropout_rate": 0.1,
+    "tie_word_embeddings": False,
+    "decoder_start_token_id": 0,
+}
+
+# Granite on Llama 3.2 1B's sizes (set on that preset's config): its four scalar
+# multipliers, granite-3 configs' values.
+GRANITE: Final = (
+    ("model_type", "granite"),
+    ("architectures", ["GraniteForCausalLM"]),
+    ("embedding_multiplier", 12.0),
+    ("residual_multiplier", 0.22),
+    ("attention_multiplier", 0.0078125),
+    ("logits_scaling", 8.0),
+)
