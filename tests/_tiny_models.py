@@ -76,6 +76,17 @@ _DECODER = {
 _SPECS: dict[str, _Spec] = {
     "llama": _Spec("LlamaConfig", "LlamaForCausalLM", _DECODER),
     "mistral": _Spec("MistralConfig", "MistralForCausalLM", _DECODER),
+    "granite": _Spec(
+        "GraniteConfig",
+        "GraniteForCausalLM",
+        {
+            **_DECODER,
+            "embedding_multiplier": 12.0,
+            "residual_multiplier": 0.22,
+            "attention_multiplier": 0.125,
+            "logits_scaling": 8.0,
+        },
+    ),
     "qwen2": _Spec("Qwen2Config", "Qwen2ForCausalLM", _DECODER),
     "qwen3": _Spec("Qwen3Config", "Qwen3ForCausalLM", {**_DECODER, "head_dim": 8}),
     "qwen2_moe": _Spec(

@@ -295,6 +295,7 @@ def test_a_valid_sliding_window_is_estimated() -> None:
     ("arch", "dropout"),
     [
         ("llama", 0.0),
+        ("granite", 0.0),
         ("gemma2", 0.0),
         ("gpt2", 0.1),
         ("bert", 0.1),
