@@ -22,8 +22,8 @@ MT5_BASE: Final[dict[str, Any]] = {
     "decoder_start_token_id": 0,
 }
 
-# Granite on Llama 3.2 1B's sizes (set on that preset's config): its four scalar
-# multipliers, granite-3 configs' values.
+# Overrides of Llama 3.2 1B's preset config.  Granite: its four scalar multipliers,
+# granite-3 configs' values.
 GRANITE: Final = (
     ("model_type", "granite"),
     ("architectures", ["GraniteForCausalLM"]),
@@ -31,4 +31,13 @@ GRANITE: Final = (
     ("residual_multiplier", 0.22),
     ("attention_multiplier", 0.0078125),
     ("logits_scaling", 8.0),
+)
+
+# SmolLM3 on Llama 3.2 1B's sizes: RoPE on three layers of four (its default NoPE
+# interval), no Llama 3 rope scaling.
+SMOLLM3: Final = (
+    ("model_type", "smollm3"),
+    ("architectures", ["SmolLM3ForCausalLM"]),
+    ("no_rope_layer_interval", 4),
+    ("rope_scaling", None),
 )

@@ -76,6 +76,9 @@ _DECODER = {
 _SPECS: dict[str, _Spec] = {
     "llama": _Spec("LlamaConfig", "LlamaForCausalLM", _DECODER),
     "mistral": _Spec("MistralConfig", "MistralForCausalLM", _DECODER),
+    "smollm3": _Spec(
+        "SmolLM3Config", "SmolLM3ForCausalLM", {**_DECODER, "no_rope_layer_interval": 2}
+    ),
     "granite": _Spec(
         "GraniteConfig",
         "GraniteForCausalLM",

@@ -70,6 +70,7 @@ class Arch:
     rope_concat: bool = False
     attn_softcap: bool = False
     final_softcap: bool = False
+    nope_layers: tuple[bool, ...] = ()  # layers that apply no RoPE (SmolLM3's every fourth)
     # Granite: the embeddings, each residual branch and the logits are multiplied by a
     # Python float, each product a new tensor that nothing saves.
     scalar_multipliers: bool = False

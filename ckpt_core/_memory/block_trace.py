@@ -122,10 +122,12 @@ def block(
     recipe: TraceRecipe,
     mask: int | None,
     selective: bool = False,
+    rotary: bool = True,
 ) -> int:
     """LlamaDecoderLayer.forward on the block input ``x``; returns its output.
 
-    ``mask``: eager's float mask, or sdpa's boolean one (None: ``is_causal``)."""
+    ``mask``: eager's float mask, or sdpa's boolean one (None: ``is_causal``);
+    ``rotary``: the layer applies RoPE (SmolLM3's NoPE layers do not)."""
     tokens, h = recipe.batch * recipe.seq, arch.hidden
     # `hidden_states, _ = self.self_attn(...)` keeps eager attention's weights
     # referenced until the layer returns.
@@ -135,10 +137,13 @@ def block(
     normed_in = norm(sim, x, tokens, h, recipe)
     if selective:
         out = sim.checkpoint(
-            lambda s, y: attention(s, y, arch=arch, recipe=recipe, mask=mask), normed_in
+            lambda s, y: attention(s, y, arch=arch, recipe=recipe, mask=mask, rotary=rotary),
+            normed_in,
         )
     else:
-        out = attention(sim, normed_in, arch=arch, recipe=recipe, mask=mask, held=weights)
+        out = attention(
+            sim, normed_in, arch=arch, recipe=recipe, mask=mask, held=weights, rotary=rotary
+        )
     # The layer rebinds hidden_states to the attention's output: the normed input dies.
     sim.drop(normed_in)
     mid = _residual(sim, x, out, arch=arch, recipe=recipe)
@@ -244,8 +249,10 @@ def attention(
     recipe: TraceRecipe,
     mask: int | None,
     held: list[int] | None = None,
+    rotary: bool = True,
 ) -> int:
-    """LlamaAttention.forward on the normed ``x``; eager's weights go to ``held`` when given.
+    """LlamaAttention.forward on the normed ``x``; eager's weights go to ``held`` when given;
+    ``rotary``: RoPE is applied (else q and k reach the kernel as projected).
 
     sdpa with a boolean ``mask`` (a sliding window) makes a new additive one in the
     activation dtype (attention.cpp convert_boolean_attn_mask), which the fused
@@ -265,10 +272,11 @@ def attention(
         key = linear(sim, x, "self_attn.k_proj", (h, kv), recipe)
         key = _head_normed(sim, key, arch.kv_heads, arch, recipe)
         value = linear(sim, x, "self_attn.v_proj", (h, kv), recipe)
-    concat = arch.rope_concat
-    query_r = rope(sim, query, act * tokens * q, concat=concat)
-    key_r = rope(sim, key, act * tokens * kv, concat=concat)
-    sim.drop(query, key)
+    query_r, key_r = query, key
+    if rotary:
+        query_r = rope(sim, query, act * tokens * q, concat=arch.rope_concat)
+        key_r = rope(sim, key, act * tokens * kv, concat=arch.rope_concat)
+        sim.drop(query, key)
     out = attend(sim, query_r, key_r, value, arch=arch, recipe=recipe, mask=mask, held=held)
     # LlamaAttention.forward returns: its locals query/key/value_states die.
     sim.drop(query_r, key_r, value, *fused)

@@ -124,7 +124,8 @@ def _llama_layer(
     selective: bool = False,
 ) -> int:
     mask = inputs.layer_mask(arch, index)
-    return block(sim, x, arch=arch, recipe=recipe, mask=mask, selective=selective)
+    rotary = not (arch.nope_layers and arch.nope_layers[index])
+    return block(sim, x, arch=arch, recipe=recipe, mask=mask, selective=selective, rotary=rotary)
 
 
 LLAMA = TraceModel(prepare=llama_prepare, block=_llama_layer, norm=norm)

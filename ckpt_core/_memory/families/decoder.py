@@ -95,6 +95,7 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         attn_softcap=bool(getattr(config, "attn_logit_softcapping", None)),
         final_softcap=bool(getattr(config, "final_logit_softcapping", None)),
         scalar_multipliers=model_type == "granite",
+        nope_layers=tuple(not use for use in getattr(config, "no_rope_layers", None) or ()),
         sliding_window=window if any(sliding) else None,
         sliding_layers=sliding,
         moe_layers=moe_layers,
@@ -377,6 +378,7 @@ FAMILY = Family(
     model_types=(
         "llama",
         "granite",
+        "smollm3",
         "mistral",
         "mixtral",
         "qwen2",
