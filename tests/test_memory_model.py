@@ -208,6 +208,46 @@ def test_t5_lora_padding_adds_what_peft_on_meta_adds(attention: str) -> None:
         assert estimated[1] == pytest.approx(measured[1], rel=TOLERANCE), tier
 
 
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("method", ["full", "lora"])
+@pytest.mark.parametrize("preset", ["llama-3.2-1b", "phi-3-mini"])
+def test_flash_keeps_what_transformers_flash_path_keeps(
+    preset: str, method: str, padded: bool
+) -> None:
+    """Flash attention, through transformers' own flash path (`bench/flash_padding.py`:
+    stand-in kernels on CPU).  A padded batch is unpadded for the varlen kernel (gathered
+    q, k, v, the output scattered back into o_proj's input); Phi-3's cat-ed RoPE leaves q
+    contiguous per head, so the flash output is copied into o_proj's input.  Padded, the
+    estimate counts every token as real: at most one token's share above."""
+    from bench.flash_padding import estimated_bytes, measured_bytes, small_config
+
+    config = small_config(preset)
+    measured = measured_bytes(config, method, padded)
+    estimated = estimated_bytes(config, method, padded)
+    assert measured <= estimated <= measured * (1.001 if padded else 1.0)
+
+
+@pytest.mark.parametrize("method", ["full", "lora"])
+@pytest.mark.parametrize("preset", ["llama-3.2-1b", "qwen3-8b", "phi-3-mini", "olmo-2-7b"])
+def test_the_replayed_flash_block_keeps_the_closed_forms(preset: str, method: str) -> None:
+    """The step replay's flash layer, padded or not, keeps the closed form's block bytes:
+    no 4-D mask (flash reads the 2-D one), the unpadding's copies and indices."""
+    from ckpt_core._memory.activations import block_bytes, block_kinds
+
+    for padded in (False, True):
+        run = run_for(
+            preset,
+            seq_len=1024,
+            micro_batch_size=2,
+            attention="flash_attention_2",
+            method=method,
+            padded=padded,
+        )
+        kind = block_kinds(run.facts.arch)[0][0]
+        local, _ = block_bytes(run.facts.arch, run.step, "off", kind)
+        assert replayed_block_bytes(run, selective=False) == local, padded
+
+
 def test_llama2_7b_calibration_45_5_sbh_per_layer() -> None:
     """docs/design.md §4: Llama-2-7B, bf16, fused attention keeps ~45.5 x s x b x h B a layer."""
     arch = model_facts({"preset": "llama-2-7b"}).arch

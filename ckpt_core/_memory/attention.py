@@ -67,6 +67,8 @@ def attention_core(
     scores to fp32 (Llama-style) rather than keeping them in the dtype
     (GPT-2, BERT, Falcon).
     """
+    if step.attention == "flash" and step.padded:
+        return _unpadded_flash(led, arch, step)
     q_name, k_name, v_name, v_bytes = qkv
     elem_bytes, tokens, batch, seq = step.dtype_bytes, step.tokens, step.batch, step.seq
     q, kv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
@@ -99,5 +101,26 @@ def attention_core(
     if mask is not None:  # the kernel keeps a float copy of the boolean mask, per layer
         led.keep("attn.bias", elem_bytes * batch * seq * seq)
     led.keep("attn.lse", 4 * batch * arch.heads * seq)
-    led.keep("attn.o_in", elem_bytes * tokens * q)  # fused kernels write (b, s, h, d): no copy
+    if step.attention == "flash" and arch.rope_concat:
+        # RoPE's cat leaves q contiguous per head, and flash's output takes q's strides:
+        # the caller's reshape copies it into o_proj's input (kept by o_proj if trained).
+        led.keep("attn.kernel_out", elem_bytes * tokens * q)
+    else:  # fused kernels write (b, s, h, d): o_proj reads the output itself
+        led.keep("attn.o_in", elem_bytes * tokens * q)
+    return "attn.o_in"
+
+
+def _unpadded_flash(led: Ledger, arch: Arch, step: Step) -> str:
+    """Flash with a padding mask (modeling_flash_attention_utils ``_upad_input``): q, k
+    and v are gathered into copies of the real tokens, which the varlen kernel keeps
+    with its output and log-sum-exp; the gathers keep their indices (int64, per layer);
+    the output is scattered back into a new padded tensor, o_proj's input, kept by it
+    only when o_proj is trained.  Real tokens are counted as the whole batch (the
+    estimate does not know the padding's share): an upper bound."""
+    elem_bytes, tokens = step.dtype_bytes, step.tokens
+    q, kv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
+    for name, width in (("q", q), ("k", kv), ("v", kv), ("out", q)):
+        led.keep(f"attn.unpadded_{name}", elem_bytes * tokens * width)
+    led.keep("attn.lse", 4 * step.batch * arch.heads * step.seq)
+    led.keep("attn.unpad_indices", 8 * tokens)
     return "attn.o_in"

@@ -319,6 +319,8 @@ def fused_attention(
     (``enable_gqa``) only without a mask (use_gqa_in_sdpa): with one, repeat_kv
     copies K and V to every head (one kv head: a stride-0 view, no copy), the
     kernel saves the copies, and their names die as it returns."""
+    if recipe.attention == "flash" and recipe.padded:
+        return _unpadded_flash(sim, query, key, value, arch=arch, recipe=recipe)
     batch, seq = recipe.batch, recipe.seq
     q_bytes = recipe.act * batch * seq * arch.heads * arch.head_dim
     copies: tuple[int, ...] = ()
@@ -328,7 +330,45 @@ def fused_attention(
     lse = sim.new(4 * batch * arch.heads * seq)
     attn = sim.op([query, key, value], q_bytes, save=[query, key, value, lse, *bias], save_out=True)
     sim.drop(lse, *bias, *copies)
+    if recipe.attention == "flash" and arch.rope_concat:
+        # RoPE's cat leaves q contiguous per head and flash's output takes q's strides:
+        # the attention's `reshape(...).contiguous()` copies it.
+        flat = sim.op([attn], q_bytes, alias=True)
+        sim.drop(attn)
+        return flat
     return attn
+
+
+def _unpadded_flash(
+    sim: Sim, query: int, key: int, value: int, *, arch: Arch, recipe: TraceRecipe
+) -> int:
+    """Flash with a padding mask (modeling_flash_attention_utils ``_flash_attention_forward``):
+    ``_get_unpad_data`` (per call: the lengths, the real tokens' indices, their cumulative
+    sum), k, v and q gathered (each gather keeps the indices), the varlen kernel (it saves
+    the gathered q, k, v, its output and log-sum-exp), then ``_pad_input`` scatters the
+    output into a new zero tensor, o_proj's input.  Real tokens are counted as the whole
+    batch: an upper bound."""
+    tokens, act, batch = recipe.batch * recipe.seq, recipe.act, recipe.batch
+    q_bytes, kv_bytes = (act * tokens * n * arch.head_dim for n in (arch.heads, arch.kv_heads))
+    lengths = sim.new(4 * batch)  # attention_mask.sum(-1, dtype=int32)
+    indices = sim.new(8 * tokens)  # nonzero(mask.flatten()).flatten()
+    summed = sim.new(4 * batch)  # cumsum, then F.pad
+    cumulative = sim.new(4 * (batch + 1))
+    sim.drop(summed, lengths)
+    key_u, value_u, query_u = (
+        sim.op([x], n, save=[indices])
+        for x, n in ((key, kv_bytes), (value, kv_bytes), (query, q_bytes))
+    )
+    lse = sim.new(4 * batch * arch.heads * recipe.seq)
+    out = sim.op(
+        [query_u, key_u, value_u], q_bytes, save=[query_u, key_u, value_u, lse], save_out=True
+    )
+    sim.drop(lse, query_u, key_u, value_u)
+    # `output = torch.zeros(...); output[indices] = hidden_states`: the in-place scatter
+    # keeps the indices, and its backward gathers the output's gradient.
+    scattered = sim.op([out], q_bytes, save=[indices])
+    sim.drop(out, indices, cumulative)
+    return scattered
 
 
 def _head_normed(sim: Sim, x: int, heads: int, arch: Arch, recipe: TraceRecipe) -> int:

@@ -96,10 +96,12 @@ def _gemma_masks(sim: Sim, arch: Arch, recipe: TraceRecipe) -> tuple[int | None,
     sliding layers once the window is no longer than the sequence (masking_utils.sdpa_mask:
     two comparisons and two ``&``); a padded batch: both, per sample.  Eager
     (masking_utils.eager_mask): both made, the boolean one turned into a float mask per
-    sample (``torch.where``).
+    sample (``torch.where``).  Flash: none (it reads the 2-D padding mask and the window).
     """
     seq, eager = recipe.seq, recipe.attention == "eager"
     full = None
+    if recipe.attention == "flash":  # the 2-D padding mask and the window, as they are
+        return None, None
     if eager or recipe.padded:
         full = causal_mask(sim, recipe) if recipe.padded else sim.new(seq * seq)  # kv <= q
         full = eager_mask(sim, recipe, full) if eager else full

@@ -100,11 +100,12 @@ def llama_prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) -> 
             full = sim.new(recipe.act * recipe.batch * recipe.seq * recipe.seq)
         sliding = sliding_mask(sim, recipe) if kinds == {False, True} else full
         held, forward_held = tuple(dict.fromkeys((full, sliding))), ()
-    else:
+    else:  # flash reads the 2-D padding mask and its window as they are: no mask made
         held, full, sliding = (sim.new(4),), None, None
-        if recipe.padded and False in kinds:
+        sdpa = recipe.attention == "fused"
+        if sdpa and recipe.padded and False in kinds:
             full = causal_mask(sim, recipe)
-        if True in kinds and (window_masked(arch, recipe) or recipe.padded):
+        if sdpa and True in kinds and (window_masked(arch, recipe) or recipe.padded):
             sliding = sliding_mask(sim, recipe)
         forward_held = tuple(mask for mask in (full, sliding) if mask is not None)
     if workspace:  # the rotary embedding's `inv_freq @ position_ids`: the first cuBLAS call
