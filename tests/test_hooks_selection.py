@@ -19,6 +19,8 @@ _DECODER = {"model.layers": ("self_attn",)}
 STACKS: dict[str, dict[str, tuple[str, ...]]] = {
     "llama": _DECODER,
     "mistral": _DECODER,
+    "granite": _DECODER,
+    "smollm3": _DECODER,
     "qwen2": _DECODER,
     "qwen3": _DECODER,
     "qwen2_moe": _DECODER,

@@ -116,17 +116,21 @@ def no_data_dependent_mask_checks(*, padded: bool = False) -> Iterator[None]:
                 _originals = {}
 
 
-def _fused_attention_class() -> type:
-    """An autograd Function that keeps what a fused attention kernel keeps."""
+def _fused_attention_class(*, flash: bool = False) -> type:
+    """An autograd Function that keeps what a fused attention kernel (``flash``'s) keeps."""
     import torch
 
     class FusedAttention(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, query: Any, key: Any, value: Any, bias: Any) -> Any:
             batch, heads, length, _ = query.shape
-            # Fused kernels write (batch, seq, heads, dim) and return a transposed
-            # view, so HF's later transpose(1, 2).contiguous() copies nothing.
-            out = query.new_empty(batch, length, heads, value.shape[-1]).transpose(1, 2)
+            # sdpa's fused kernels write (batch, seq, heads, dim) and return a transposed
+            # view, so HF's later transpose(1, 2).contiguous() copies nothing; flash's
+            # output takes q's strides (Phi-3's cat-ed RoPE: contiguous per head).
+            if flash:
+                out = torch.empty_like(query)
+            else:
+                out = query.new_empty(batch, length, heads, value.shape[-1]).transpose(1, 2)
             log_sum_exp = query.new_empty(batch, heads, length, dtype=torch.float32)
             kept = (query, key, value, out, log_sum_exp)
             ctx.save_for_backward(*kept, *(() if bias is None else (bias,)))
@@ -225,12 +229,33 @@ def register_flash_stand_in() -> None:
 
     if FLASH_STAND_IN in AttentionInterface._global_mapping:
         return
-    fused = _fused_attention_class()
+    fused = _fused_attention_class(flash=True)
 
     def flash_stand_in(
         module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any
     ) -> tuple[Any, None]:
         del module, attention_mask, kwargs  # causal flag only: no mask, no bias kept
+        if query.is_meta and _PADDED.get():
+            return _unpadded_flash(fused, query, key, value), None
         return fused.apply(query, key, value, None).transpose(1, 2), None
 
     AttentionInterface.register(FLASH_STAND_IN, flash_stand_in)
+
+
+def _unpadded_flash(fused: Any, query: Any, key: Any, value: Any) -> Any:
+    """transformers' flash path for a padded batch (``_upad_input``, ``_pad_input``): the
+    real tokens of q, k and v gathered (each gather keeps the indices), the varlen
+    kernel on them, its output scattered into a new zero tensor; every token counted
+    real, as meta has no mask values.  Takes and returns (batch, seq, heads, dim)."""
+    import torch
+
+    batch, heads, length, dim = query.shape
+    indices = torch.empty(batch * length, dtype=torch.long, device=query.device)
+    key_u, value_u, query_u = (
+        x.transpose(1, 2).reshape(-1, x.shape[1], x.shape[3])[indices] for x in (key, value, query)
+    )
+    # The kernel on the packed tokens, as one sequence of (1, heads, tokens, dim).
+    out = fused.apply(*(x.transpose(0, 1).unsqueeze(0) for x in (query_u, key_u, value_u)), None)
+    padded = out.new_zeros(batch * length, heads, dim)
+    padded[indices] = out.squeeze(0).transpose(0, 1)
+    return padded.view(batch, length, heads, dim)
