@@ -7,7 +7,10 @@ the real path, so concurrent real runs are unaffected:
   the s x s scores.  The stand-in keeps what the fused kernels keep: q, k, v,
   the output and the fp32 log-sum-exp, plus the additive mask when one is
   passed (the memory-efficient kernel keeps its bias; torch first converts a
-  boolean mask into a new float mask).  Flash keeps no mask and no bias.
+  boolean mask into a new float mask).  Flash keeps no mask and no bias; its
+  output takes q's strides, and a padded batch goes through transformers'
+  unpadding (the real tokens gathered for the varlen kernel, the output
+  scattered back), every token counted real.
 - dropout on CPU / meta keeps a mask in the activation dtype; CUDA's fused
   dropout keeps a 1-byte bool mask: ``torch.native_dropout`` stands in.
 - grouped_mm (MoE experts) on meta accepts only bf16: other dtypes use
