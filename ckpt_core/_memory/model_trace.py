@@ -30,8 +30,8 @@ class Inputs:
     ``forward_held``: dropped before the head when no block is checkpointed
     (nothing saves them), else with ``step_held`` (the checkpoints' recomputes
     read them).  ``leaf``: the adapters' leaf when it is not ``hidden`` (Granite
-    scales the embedding's output after the input-grad hook made it a leaf),
-    whose name the caller drops once it holds it.
+    scales the embedding's output after the input-grad hook made it a leaf); its
+    reference passes to the step, whose AccumulateGrad node holds it.
     """
 
     hidden: int
@@ -87,11 +87,14 @@ def llama_prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) -> 
     sliding layers' is a boolean one once the window is no longer than the
     sequence, or for a padded batch (``create_sliding_window_causal_mask``).
     """
-    hidden = leaf = embedding(sim, arch, recipe)
+    hidden, leaf = embedding(sim, arch, recipe), None
     if arch.scalar_multipliers:  # GraniteModel: `inputs_embeds * self.embedding_multiplier`
-        hidden = sim.op([leaf], recipe.residual * recipe.batch * recipe.seq * arch.hidden)
+        lookup = hidden
+        hidden = sim.op([lookup], recipe.residual * recipe.batch * recipe.seq * arch.hidden)
         if recipe.full:  # no hook made it a leaf: the rebinding frees the lookup
-            sim.drop(leaf)
+            sim.drop(lookup)
+        else:
+            leaf = lookup
     kinds = set(arch.sliding_layers) or {False}  # families without the field: full only
     if recipe.attention == "eager":
         if recipe.padded:
@@ -110,7 +113,6 @@ def llama_prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) -> 
         forward_held = tuple(mask for mask in (full, sliding) if mask is not None)
     if workspace:  # the rotary embedding's `inv_freq @ position_ids`: the first cuBLAS call
         sim.new(workspace)
-    leaf = leaf if leaf != hidden and not recipe.full else None
     return Inputs(hidden, full, held, forward_held, sliding_mask=sliding, leaf=leaf)
 
 

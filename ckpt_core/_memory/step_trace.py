@@ -154,10 +154,12 @@ def _forward_backward(
     # holds it (torch/csrc/autograd/functions/accumulate_grad.h) and keeps its gradient
     # in `.grad`; the graph lives as long as the step's output (`out.loss.grad_fn`), so
     # both are freed with it, after optimizer.step(), not after the first block.
-    leaf = inputs.hidden if inputs.leaf is None else inputs.leaf
-    leaves = [] if recipe.full else [sim.hold(leaf)]
-    if inputs.leaf is not None:  # the forward's name for it was rebound to the product
-        sim.drop(inputs.leaf)
+    if recipe.full:
+        leaves = []
+    elif inputs.leaf is not None:  # the forward rebound its name: its reference passes on
+        leaves = [inputs.leaf]
+    else:
+        leaves = [sim.hold(inputs.hidden)]
     sim.blas_workspace = workspace  # autograd's device thread: at the backward's first matmul
     hidden = inputs.hidden
     modes = block_modes(arch, tier)

@@ -249,7 +249,8 @@ def _unpadded_flash(fused: Any, query: Any, key: Any, value: Any) -> Any:
     """transformers' flash path for a padded batch (``_upad_input``, ``_pad_input``): the
     real tokens of q, k and v gathered (each gather keeps the indices), the varlen
     kernel on them, its output scattered into a new zero tensor; every token counted
-    real, as meta has no mask values.  Takes and returns (batch, seq, heads, dim)."""
+    real, as meta has no mask values.  Takes q, k, v as (batch, heads, seq, dim) and
+    returns (batch, seq, heads, dim), as transformers' flash path does."""
     import torch
 
     batch, heads, length, dim = query.shape
