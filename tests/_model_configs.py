@@ -41,3 +41,13 @@ SMOLLM3: Final = (
     ("no_rope_layer_interval", 4),
     ("rope_scaling", None),
 )
+
+# OLMo-3 on Llama 3.2 1B's sizes: OLMo-2's layer, three sliding layers of four (its
+# default layout) with a window short enough for sdpa to need a mask at seq 1024.
+OLMO3: Final = (
+    ("model_type", "olmo3"),
+    ("architectures", ["Olmo3ForCausalLM"]),
+    ("sliding_window", 512),
+    ("layer_types", (["sliding_attention"] * 3 + ["full_attention"]) * 4),
+    ("rope_scaling", None),
+)

@@ -119,6 +119,11 @@ _SPECS: dict[str, _Spec] = {
         {**_DECODER, "head_dim": 8, "sliding_window": 4, "query_pre_attn_scalar": 8},
     ),
     "phi3": _Spec("Phi3Config", "Phi3ForCausalLM", _DECODER),
+    "olmo3": _Spec(
+        "Olmo3Config",
+        "Olmo3ForCausalLM",
+        {**_DECODER, "sliding_window": 4},  # sliding layers, every fourth full
+    ),
     "gpt2": _Spec(
         "GPT2Config",
         "GPT2LMHeadModel",

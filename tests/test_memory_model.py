@@ -24,7 +24,7 @@ from ckpt_core._memory.flops import recompute_ratio
 from ckpt_core._memory.inputs import Run, model_facts, parse_workload, prepare
 from ckpt_core._memory.ledger import Step
 from ckpt_core._meta.measure import measure_activation_bytes
-from tests._model_configs import GRANITE, MT5_BASE, SMOLLM3
+from tests._model_configs import GRANITE, MT5_BASE, OLMO3, SMOLLM3
 from tests._tiny_models import tiny_model
 
 TIERS = ("off", "selective", "medium", "full")
@@ -164,7 +164,7 @@ CONFIGS = {
     "mt5": MT5_BASE,
     **{
         dict(overrides)["model_type"]: {**load_preset("llama-3.2-1b"), **dict(overrides)}
-        for overrides in (GRANITE, SMOLLM3)
+        for overrides in (GRANITE, SMOLLM3, OLMO3)
     },
 }
 
@@ -177,7 +177,8 @@ def test_a_model_type_without_a_preset_is_estimated_as_measured(
 ) -> None:
     """mT5 runs T5's modules, so the T5 family's parameters and activations hold for it;
     Granite is Llama's block with scalar multipliers, which keep nothing for backward;
-    SmolLM3's layers without RoPE keep q and k as projected, the same bytes."""
+    SmolLM3's layers without RoPE keep q and k as projected, the same bytes; OLMo-3's
+    sliding layers keep their mask and read rotary tables of their own."""
     model_input = {"config": CONFIGS[name]}
     model = build_meta_model(load_model_config(model_input), attention=attention)
     facts = model_facts(model_input)
@@ -188,7 +189,7 @@ def test_a_model_type_without_a_preset_is_estimated_as_measured(
     for tier in TIERS:
         measured = measure_activation_bytes(model, tier, padded=padded, **shape)
         estimated = activation_bytes(facts.arch, run.step, tier)
-        assert estimated == pytest.approx(measured, rel=TOLERANCE), tier
+        assert abs(estimated - measured) <= 2, tier  # to the byte (T5's loss weight: 2 B)
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
@@ -348,6 +349,7 @@ def test_a_valid_sliding_window_is_estimated() -> None:
         ("llama", 0.0),
         ("granite", 0.0),
         ("smollm3", 0.0),
+        ("olmo3", 0.0),
         ("gemma2", 0.0),
         ("gpt2", 0.1),
         ("bert", 0.1),

@@ -64,7 +64,9 @@ class Arch:
     norm: str = "rms"  # rms | rms_gemma | rms_olmo | layer | t5
     qk_norm: str = ""  # "" | head | full
     sandwich: str = ""  # "" | gemma (4 norms per block) | olmo2 (post-norms only)
-    rope_fp32: bool = False  # cos / sin kept in fp32 (OLMo-2 applies RoPE in fp32)
+    rope_fp32: bool = False  # cos / sin kept in fp32 (OLMo-2 and OLMo-3 apply RoPE in fp32)
+    # Sliding and full layers read rotary tables of their own (Gemma 3, OLMo-3).
+    rope_per_kind: bool = False
     # apply_rotary_pos_emb rotates a leading slice of each head and concatenates the rest
     # back (Phi-3, even when the slice is the whole head): one more copy of q and of k.
     rope_concat: bool = False

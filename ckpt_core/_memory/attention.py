@@ -45,7 +45,7 @@ def mask_bytes(step: Step, mask: str) -> int:
 def rope_tables(led: Ledger, arch: Arch, step: Step, sliding: bool) -> None:
     """RoPE multiplies by cos and sin: both kept (shared by every layer)."""
     elem_bytes, seq = 4 if arch.rope_fp32 else step.dtype_bytes, step.seq
-    rope = "local" if sliding and arch.model_type.startswith("gemma3") else "global"
+    rope = "local" if sliding and arch.rope_per_kind else "global"
     led.keep(f"{GLOBAL}cos.{rope}", elem_bytes * seq * arch.head_dim)
     led.keep(f"{GLOBAL}sin.{rope}", elem_bytes * seq * arch.head_dim)
 

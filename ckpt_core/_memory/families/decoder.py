@@ -70,7 +70,8 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         sliding = (window is not None,) * layers
     experts = read_int(config, "num_local_experts", "num_experts", default=0)
     moe_layers = _moe_layers(config, layers) if experts > 1 else (False,) * layers
-    norm = "rms_gemma" if gemma else "rms_olmo" if model_type == "olmo2" else "rms"
+    olmo = model_type in ("olmo2", "olmo3")  # OLMo-3 is OLMo-2's layer with sliding layers
+    norm = "rms_gemma" if gemma else "rms_olmo" if olmo else "rms"
     return Arch(
         model_type=model_type,
         family="decoder",
@@ -89,8 +90,9 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         qkv_bias=model_type == "qwen2" or bool(getattr(config, "attention_bias", False)),
         norm=norm,
         qk_norm=_qk_norm(model_type),
-        sandwich="gemma" if gemma else "olmo2" if model_type == "olmo2" else "",
-        rope_fp32=model_type == "olmo2",
+        sandwich="gemma" if gemma else "olmo2" if olmo else "",
+        rope_fp32=olmo,
+        rope_per_kind=model_type in ("gemma3_text", "gemma3", "olmo3"),
         rope_concat=model_type == "phi3",
         attn_softcap=bool(getattr(config, "attn_logit_softcapping", None)),
         final_softcap=bool(getattr(config, "final_logit_softcapping", None)),
@@ -120,10 +122,11 @@ def _moe_layers(config: Any, layers: int) -> tuple[bool, ...]:
 
 
 def _qk_norm(model_type: str) -> str:
-    """Qwen3 and Gemma 3 normalize q and k per head; OLMo-2 over the whole projections."""
+    """Qwen3 and Gemma 3 normalize q and k per head; OLMo-2 and OLMo-3 over the whole
+    projections."""
     if model_type in ("qwen3", "qwen3_moe", "gemma3_text", "gemma3"):
         return "head"
-    return "full" if model_type == "olmo2" else ""
+    return "full" if model_type in ("olmo2", "olmo3") else ""
 
 
 def _vision(config: Any) -> Vision:
@@ -358,13 +361,15 @@ _TRACES: dict[str, TraceModel] = {
     "gemma3_text": GEMMA3,
     "gemma3": GEMMA3,
     "olmo2": OLMO2,
+    "olmo3": OLMO2,
 }
 
 
 def _trace(arch: Arch) -> TraceModel:
     """Gemma 2's, Gemma 3's and OLMo-2's layers (sandwich or post-norms, q / k norms,
-    sliding masks, logit softcapping, fp32 RoPE) are replayed as their own; every
-    other decoder as Llama's block at its sizes."""
+    sliding masks, logit softcapping, fp32 RoPE) are replayed as their own (OLMo-3
+    runs OLMo-2's, its sliding layers reading their mask); every other decoder as
+    Llama's block at its sizes."""
     return _TRACES.get(arch.model_type, LLAMA)
 
 
@@ -386,6 +391,7 @@ FAMILY = Family(
         "qwen3_moe",
         "phi3",
         "olmo2",
+        "olmo3",
         "gemma2",
         "gemma3_text",
         "gemma3",
