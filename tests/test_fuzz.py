@@ -44,6 +44,7 @@ from hypothesis import strategies as st
 from schemathesis.config import SchemathesisConfig
 
 import ckpt_core
+from ckpt_core._planning.workload import MAX_WORLD_SIZE
 from service.app import create_app
 from service.settings import Settings
 from tests._tiny_models import ARCHS, tiny_config
@@ -203,7 +204,8 @@ def _node_rules(body: Any) -> Any:
     if per_node is None and world > 1 and _is_number(host):
         return _with_nodes(body, world)
     per_node = _whole(per_node)
-    if per_node is None or per_node < 1 or world % per_node == 0:
+    # Out of the document's range it is a violation as generated: left as it is.
+    if per_node is None or not 1 <= per_node <= MAX_WORLD_SIZE or world % per_node == 0:
         return body
     return _with_nodes(body, math.gcd(per_node, world))
 
