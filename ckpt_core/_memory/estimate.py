@@ -28,6 +28,7 @@ Pure arithmetic.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from typing import Final
 
@@ -37,7 +38,7 @@ from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.context import DEFAULT_CONTEXT_BYTES
 from ckpt_core._memory.families import family_of
 from ckpt_core._memory.ledger import Step
-from ckpt_core._memory.param_layout import ParamLayout
+from ckpt_core._memory.param_layout import Linear, ParamLayout
 from ckpt_core._memory.peak import Recipe, allocated_moments
 from ckpt_core._memory.step_trace import TraceRecipe, simulate
 from ckpt_core._memory.transient import transient_bytes
@@ -64,12 +65,14 @@ ASSUMPTIONS: Final[dict[str, str]] = {
     "attention": "sdpa / flash treated as fused kernels (q, k, v, output, log-sum-exp kept); "
     "eager keeps the s x s softmax; a padded batch (padded) gives sdpa a mask per sample on "
     "every layer, which keeps a float copy of it and grouped K / V heads repeated per layer",
-    "quantization": "bitsandbytes: block linears quantized; nf4 = 0.5 B/weight + fp32 absmax "
+    "quantization": "bitsandbytes: block linears quantized but the model's keep-in-fp32 "
+    "modules (T5's wo); nf4 = 0.5 B/weight + fp32 absmax "
     "per 64 (double_quant: 8-bit absmax + fp32 per 256 blocks); int8 = 1 B/weight + fp32 row "
     "scales; other parameters fp32 after PEFT's kbit preparation (kbit_preparation 'peft'), "
     "else in the compute dtype",
     "full_fine_tune": "gradients and optimizer states in the parameters' dtype (torch AdamW "
-    "zeros_like); fp32 master weights with compute 'autocast'",
+    "zeros_like); fp32 master weights with compute 'autocast'; loaded in fp16, the model's "
+    "keep-in-fp32 modules (T5's wo) are fp32, and so is what they compute",
     "lora": "adapters, their gradients and optimizer states in fp32 (PEFT autocast_adapter_dtype); "
     "lora_dropout 0; each adapter keeps an fp32 copy of its input and its rank-r output",
     "optimizer": "adamw 2 states (torch's foreach step holds one more parameter-sized "
@@ -120,38 +123,66 @@ class TierMemory:
     peak_bytes: int  # process memory: CUDA context + the caching allocator's reserved pool
 
 
-def static_memory(layout: ParamLayout, workload: Workload, lora_parameters: int) -> StaticMemory:
-    """Weights by storage, plus gradients and optimizer states of what is trained."""
-    weights = _weight_bytes(layout, workload)
+def static_memory(
+    layout: ParamLayout,
+    workload: Workload,
+    lora_parameters: int,
+    *,
+    keep_in_fp32: frozenset[str] = frozenset(),
+) -> StaticMemory:
+    """Weights by storage, plus gradients and optimizer states of what is trained.
+
+    ``keep_in_fp32``: the linears transformers keeps in fp32 when it loads in
+    fp16 (`Family.keep_in_fp32`; a full fine-tune's gradients and optimizer
+    states of them are fp32 too), and never quantizes.
+    """
+    kept = [linear for linear in layout.linears if linear.name.rsplit(".", 1)[-1] in keep_in_fp32]
+    weights = _weight_bytes(layout, workload, kept)
     if workload.method == "full":
         trainable = layout.trained
         grad_bytes = DTYPE_BYTES[workload.weight_storage]
+        # Loaded in fp16, the kept linears are fp32: so are their gradients and states.
+        wide = sum(linear.parameters for linear in kept) if workload.weight_storage == "fp16" else 0
+        per_parameter = functools.partial(optimizer_bytes_per_parameter, workload.optimizer)
+        gradients = trainable * grad_bytes + wide * (4 - grad_bytes)
+        optimizer = trainable * per_parameter(grad_bytes) + wide * (
+            per_parameter(4) - per_parameter(grad_bytes)
+        )
     else:
         trainable = lora_parameters
-        grad_bytes = LORA_BYTES
         weights += trainable * LORA_BYTES
+        gradients = trainable * LORA_BYTES
+        optimizer = trainable * optimizer_bytes_per_parameter(workload.optimizer, LORA_BYTES)
     return StaticMemory(
         weights=weights,
         trainable_parameters=trainable,
-        gradients=trainable * grad_bytes,
-        optimizer=int(trainable * optimizer_bytes_per_parameter(workload.optimizer, grad_bytes)),
+        gradients=gradients,
+        optimizer=int(optimizer),
     )
 
 
-def _weight_bytes(layout: ParamLayout, workload: Workload) -> int:
+def _weight_bytes(layout: ParamLayout, workload: Workload, kept: list[Linear]) -> int:
+    """Bytes of the loaded weights; the ``kept`` linears (`static_memory`) are fp32 when
+    loaded in fp16, and bitsandbytes leaves them unquantized."""
     storage = workload.weight_storage
+    kept_parameters = sum(linear.parameters for linear in kept)
     if storage in DTYPE_BYTES:
-        return layout.total * DTYPE_BYTES[storage]
+        wide = kept_parameters if storage == "fp16" else 0
+        return layout.total * DTYPE_BYTES[storage] + wide * (4 - DTYPE_BYTES[storage])
     # PEFT's prepare_model_for_kbit_training casts every non-quantized parameter to fp32.
-    kept_bytes = 4 if workload.kbit_prepared else DTYPE_BYTES[workload.dtype]
-    quantized = sum(linear.weights for linear in layout.linears)
-    rows = sum(linear.fan_out * linear.count for linear in layout.linears)
-    kept = layout.total - quantized  # biases, embeddings, norms, experts
+    unquantized_bytes = 4 if workload.kbit_prepared else DTYPE_BYTES[workload.dtype]
+    quantized_linears = [linear for linear in layout.linears if linear not in kept]
+    quantized = sum(linear.weights for linear in quantized_linears)
+    rows = sum(linear.fan_out * linear.count for linear in quantized_linears)
+    unquantized = layout.total - quantized  # biases, embeddings, norms, experts, kept linears
+    fixed = unquantized * unquantized_bytes
+    if workload.dtype == "fp16":  # the kept linears load in fp32
+        fixed += kept_parameters * (4 - unquantized_bytes)
     if storage == "int8":
-        return quantized + 4 * rows + kept * kept_bytes
+        return quantized + 4 * rows + fixed
     double = workload.double_quant
     per_weight = NF4_DOUBLE_QUANT_BYTES_PER_WEIGHT if double else NF4_BYTES_PER_WEIGHT
-    return int(quantized * per_weight) + kept * kept_bytes
+    return int(quantized * per_weight) + fixed
 
 
 def optimizer_bytes_per_parameter(optimizer: str, param_bytes: int) -> float:

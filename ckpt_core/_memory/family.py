@@ -39,6 +39,9 @@ class Family:
       than taking them in the dtype (BERT, T5);
     - ``no_sdpa`` / ``no_flash``: model types whose classes transformers runs
       without sdpa / flash attention (checked against the classes by a test);
+    - ``keep_in_fp32``: names of the linears transformers keeps in fp32 when it
+      loads the model in fp16 (the classes' ``_keep_in_fp32_modules``, checked
+      by a test): T5's ``wo``;
     - ``trace(arch)``: the forward the allocator replay runs around and in its
       blocks (`ckpt_core._memory.model_trace.TraceModel`; Llama-style unless said);
     - ``replayed_exactly(arch)``: the replay's ``trace`` is this model's own
@@ -63,6 +66,7 @@ class Family:
     loss_in_fp32: bool = True
     no_sdpa: frozenset[str] = frozenset()
     no_flash: frozenset[str] = frozenset()
+    keep_in_fp32: frozenset[str] = frozenset()
     trace: Callable[[Arch], TraceModel] = lambda arch: LLAMA
     replayed_exactly: Callable[[Arch], bool] = lambda arch: False
     idle_tensors: Callable[[Arch], tuple[int, ...]] = lambda arch: ()

@@ -23,7 +23,7 @@ from ckpt_core._memory.estimate import (
     recipe_for,
     static_memory,
 )
-from ckpt_core._memory.families import NO_FLASH, NO_SDPA, arch_of, param_layout
+from ckpt_core._memory.families import NO_FLASH, NO_SDPA, arch_of, family_of, param_layout
 from ckpt_core._memory.ledger import Step
 from ckpt_core._memory.param_layout import ParamLayout
 from ckpt_core._memory.peak import Recipe
@@ -123,6 +123,7 @@ def prepare(facts: Facts, workload: Workload, gpu: str | None = None) -> Run:
         if linear.name in targets
     )
     kernel, note = _attention(arch, workload.attention)
+    fp32_linears = _fp32_linears(arch, workload)
     step = Step(
         batch=workload.micro_batch_size,
         seq=workload.seq_len,
@@ -133,12 +134,22 @@ def prepare(facts: Facts, workload: Workload, gpu: str | None = None) -> Run:
         adapted=targets.__contains__,  # empty for a full fine-tune
         hidden_bytes=4 if workload.compute == "autocast" else 0,
         padded=workload.padded,
+        fp32_linears=fp32_linears,
     )
     # Per GPU of the data-parallel group (the unsharded totals ride along): issue 17.
-    replica = static_memory(layout, workload, lora_parameters)
+    keep = family_of(arch).keep_in_fp32
+    replica = static_memory(layout, workload, lora_parameters, keep_in_fp32=keep)
     static = per_gpu_memory(replica, arch, layout, workload)
     recipe = recipe_for(layout, workload, static, step, blas_workspace_bytes(gpu))
     return Run(facts, workload, step, static, note, recipe, gpu)
+
+
+def _fp32_linears(arch: Arch, workload: Workload) -> frozenset[str]:
+    """The linears transformers keeps in fp32 for this load: the family's
+    ``_keep_in_fp32_modules`` when ``from_pretrained`` loads in fp16 (half weights,
+    or quantized ones computing in fp16)."""
+    fp16 = workload.weight_storage == "fp16" or (workload.quantized and workload.dtype == "fp16")
+    return family_of(arch).keep_in_fp32 if fp16 else frozenset()
 
 
 def activation_dtype_bytes(workload: Workload) -> int:

@@ -41,6 +41,9 @@ class Step:
     stream between blocks when it differs from ``dtype_bytes`` (fp32 under
     autocast); 0 means ``dtype_bytes``.  ``padded``: the batch carries an
     attention mask with padding (`ckpt_core._memory.attention.mask_kind`).
+    ``fp32_linears``: the linears loaded in fp32 among half-precision ones
+    (`Family.keep_in_fp32` under fp16): their input is cast to fp32, and so is
+    their output.
     """
 
     batch: int
@@ -52,6 +55,7 @@ class Step:
     adapted: Callable[[str], bool] = field(default=lambda name: False)
     hidden_bytes: int = 0
     padded: bool = False  # an attention mask with padding: sdpa gets a mask per sample
+    fp32_linears: frozenset[str] = frozenset()
 
     @property
     def residual_bytes(self) -> int:
@@ -81,11 +85,22 @@ class Ledger:
         return {name: size for name, size in self.sizes.items() if name.startswith(GLOBAL)}
 
 
-def norm(led: Ledger, step: Step, x: str, tag: str, *, kind: str, rows: int, width: int) -> str:
+def norm(
+    led: Ledger,
+    step: Step,
+    x: str,
+    tag: str,
+    *,
+    kind: str,
+    rows: int,
+    width: int,
+    in_bytes: int = 0,
+) -> str:
     """A normalization of ``rows`` vectors of ``width`` in storage ``x``; returns the output.
 
-    What each implementation's backward keeps (bf16 / fp16 runs; in fp32 the
-    upcast is the input itself):
+    ``in_bytes``: bytes per element of ``x`` when it differs from the dtype's.
+    What each implementation's backward keeps (bf16 / fp16 runs; from an fp32
+    input the upcast is the input itself):
 
     - ``rms`` (Llama): fp32 input, rstd, the normalized value cast back to the
       dtype (for the weight's gradient);
@@ -96,10 +111,11 @@ def norm(led: Ledger, step: Step, x: str, tag: str, *, kind: str, rows: int, wid
     - ``layer`` (``nn.LayerNorm``): the input, mean and rstd.
     """
     elem_bytes, n = step.dtype_bytes, rows * width
-    upcast = x if elem_bytes == 4 else f"{tag}.x32"
+    in_bytes = in_bytes or elem_bytes
+    upcast = x if in_bytes == 4 else f"{tag}.x32"
     trained = step.trainable_weights
     if kind == "layer":
-        led.keep(x, elem_bytes * n)
+        led.keep(x, in_bytes * n)
         led.keep(f"{tag}.mean", 4 * rows)
         led.keep(f"{tag}.rstd", 4 * rows)
         return f"{tag}.out"
@@ -114,20 +130,25 @@ def norm(led: Ledger, step: Step, x: str, tag: str, *, kind: str, rows: int, wid
         if kind == "rms_gemma":
             led.keep(f"{tag}.one_plus_w", 4 * width)
     elif kind == "t5":
-        led.keep(x, elem_bytes * n)
+        led.keep(x, in_bytes * n)
         if trained:
             led.keep(f"{tag}.normed", elem_bytes * n)
     return f"{tag}.out"
 
 
-def linear(led: Ledger, step: Step, x: str, fan_in: int, name: str, *, rows: int = 0) -> None:
-    """A linear layer keeps its input for its weight's gradient; a LoRA adapter keeps its own."""
+def linear(
+    led: Ledger, step: Step, x: str, fan_in: int, name: str, *, rows: int = 0, in_bytes: int = 0
+) -> None:
+    """A linear layer keeps its input for its weight's gradient; a LoRA adapter keeps its own.
+
+    ``in_bytes``: bytes per element of ``x`` when it differs from the dtype's."""
     rows = rows or step.tokens
+    in_bytes = in_bytes or step.dtype_bytes
     adapted = step.adapted(name)
     if step.trainable_weights:
-        led.keep(x, step.dtype_bytes * rows * fan_in)
+        led.keep(x, in_bytes * rows * fan_in)
     if adapted:  # PEFT casts the input to the fp32 adapter (a copy unless already fp32)
-        led.keep(x if step.dtype_bytes == 4 else f"{name}.lora_in", 4 * rows * fan_in)
+        led.keep(x if in_bytes == 4 else f"{name}.lora_in", 4 * rows * fan_in)
         led.keep(f"{name}.lora_mid", 4 * rows * step.lora_rank)
 
 

@@ -233,7 +233,8 @@ def _inputs(model: nn.Module, ids: torch.Tensor, *, padded: bool) -> dict[str, A
     ``decoder_start_token_id`` (T5's ``_shift_right`` fails without one) only
     to write token values, and values change no memory.  The shifted ids
     would be a new tensor of the same shape and dtype, so the bytes are the
-    same either way.
+    same either way.  Its labels are a tensor of their own too (the target
+    sequence, not the input), which its loss keeps.
     """
     import torch
 
@@ -247,6 +248,7 @@ def _inputs(model: nn.Module, ids: torch.Tensor, *, padded: bool) -> dict[str, A
         inputs["use_cache"] = False
     if "decoder_input_ids" in parameters:
         inputs["decoder_input_ids"] = torch.zeros_like(ids)
+        inputs["labels"] = torch.zeros_like(ids)
     if padded:
         mask = torch.ones_like(ids)
         mask[0, -1] = 0

@@ -7,7 +7,11 @@ loss takes the logits in the dtype.  A padded batch is what a seq2seq
 collator feeds: a padding mask for the encoder, which its self-attention and
 the decoder's cross-attention read, and none for the decoder (its padded
 labels are -100).  sdpa then folds each layer's bias into that mask, one per
-sample (transformers' ``create_position_bias_mask``).  Pure arithmetic.
+sample (transformers' ``create_position_bias_mask``).  Loaded in fp16,
+transformers keeps each ``wo`` in fp32 (``_keep_in_fp32_modules``): its input
+is cast to fp32 and its output is fp32, so from the first feed-forward on
+the residual stream is fp32, and only the first block of each stack clamps
+its fp16 residual (`_wide`).  Pure arithmetic.
 """
 
 from __future__ import annotations
@@ -109,7 +113,14 @@ def _embed(arch: Arch, step: Step) -> Ledger:
         dropout(led, step, f"{stack}.embed", tag=f"{stack}.drop", p=arch.embed_dropout, elements=n)
     # the encoder's final norm and dropout: its output feeds every cross-attention
     out = norm(
-        led, step, "encoder.last", "encoder.ln_f", kind="t5", rows=step.tokens, width=arch.hidden
+        led,
+        step,
+        "encoder.last",
+        "encoder.ln_f",
+        kind="t5",
+        rows=step.tokens,
+        width=arch.hidden,
+        in_bytes=_residual_bytes(step, first=False),
     )
     dropout(led, step, out, tag="encoder.out_drop", p=arch.hidden_dropout, elements=n)
     return led
@@ -118,13 +129,23 @@ def _embed(arch: Arch, step: Step) -> Ledger:
 def _head(arch: Arch, step: Step) -> Ledger:
     led = Ledger()
     elem_bytes, rows, h = step.dtype_bytes, step.tokens, arch.hidden
-    out = norm(led, step, "in", "decoder.ln_f", kind="t5", rows=rows, width=h)
+    out = norm(
+        led,
+        step,
+        "in",
+        "decoder.ln_f",
+        kind="t5",
+        rows=rows,
+        width=h,
+        in_bytes=_residual_bytes(step, first=False),
+    )
     dropout(led, step, out, tag="decoder.out_drop", p=arch.hidden_dropout, elements=rows * h)
     linear(led, step, "scaled", h, "lm_head")  # tied head: the output times d_model ** -0.5
-    led.keep(
-        "loss.log_softmax", elem_bytes * rows * arch.vocab
-    )  # CrossEntropyLoss on the dtype logits
-    led.keep("loss.weight", 4)
+    # CrossEntropyLoss on the dtype logits: nll_loss keeps the labels (a seq2seq
+    # collator's own tensor) and its total weight, a scalar in the logits' dtype.
+    led.keep("loss.log_softmax", elem_bytes * rows * arch.vocab)
+    led.keep("loss.labels", 8 * rows)
+    led.keep("loss.weight", elem_bytes)
     return led
 
 
@@ -132,33 +153,56 @@ def _block(arch: Arch, step: Step, mode: BlockMode, kind: BlockKind) -> Ledger:
     """kind = 2 * stack + first: stack 0 encoder, 1 decoder; first computes the bias."""
     led = Ledger()
     decoder, first = kind.decoder_stack, kind.first_in_stack
-    elem_bytes, n, rows, h = step.dtype_bytes, hidden_elements(arch, step), step.tokens, arch.hidden
+    n, rows, h = hidden_elements(arch, step), step.tokens, arch.hidden
+    residual = _residual_bytes(step, first=first)
     if mode == "full":
-        led.keep("in", elem_bytes * n)
+        led.keep("in", residual * n)
         _inputs(led, arch, step, decoder=decoder, first=first, cross=True)
         return led
     if mode == "selective":
-        led.keep("in", elem_bytes * n)
+        led.keep("in", residual * n)
         _inputs(led, arch, step, decoder=decoder, first=first, cross=False)
     else:
         # norm, attention and dropout: T5LayerSelfAttention, checkpointed as one
-        x = norm(led, step, "in", "sa.ln", kind="t5", rows=rows, width=h)
+        x = norm(led, step, "in", "sa.ln", kind="t5", rows=rows, width=h, in_bytes=residual)
         _attention(led, arch, step, x, "sa", decoder=decoder, first=first)
         dropout(led, step, "sa.o", tag="sa.drop", p=arch.hidden_dropout, elements=n)
+    _clamp(led, step, "sa", residual, n)
     ff_in = "mid"
     if decoder:
         if mode == "selective":
-            led.keep("mid", elem_bytes * n)
+            led.keep("mid", residual * n)
             _cross_inputs(led, arch, step, first=first)
         else:
-            x = norm(led, step, "mid", "ca.ln", kind="t5", rows=rows, width=h)
+            x = norm(led, step, "mid", "ca.ln", kind="t5", rows=rows, width=h, in_bytes=residual)
             _attention(led, arch, step, x, "ca", decoder=True, first=False, cross=True)
             dropout(led, step, "ca.o", tag="ca.drop", p=arch.hidden_dropout, elements=n)
+        _clamp(led, step, "ca", residual, n)
         ff_in = "mid2"
-    x = norm(led, step, ff_in, "ff.ln", kind="t5", rows=rows, width=h)
+    x = norm(led, step, ff_in, "ff.ln", kind="t5", rows=rows, width=h, in_bytes=residual)
     _feed_forward(led, arch, step, x)
     dropout(led, step, "ff.o", tag="ff.drop", p=arch.hidden_dropout, elements=n)
     return led
+
+
+def _wide(step: Step) -> bool:
+    """``wo`` runs in fp32 among half-precision weights (`Step.fp32_linears`)."""
+    return "wo" in step.fp32_linears and step.dtype_bytes < 4
+
+
+def _residual_bytes(step: Step, *, first: bool) -> int:
+    """Bytes per element of a block's residual stream: fp32 after a wide ``wo`` (every
+    block but the first of its stack, and the stack's final norm)."""
+    return 4 if _wide(step) and not first else step.dtype_bytes
+
+
+def _clamp(led: Ledger, step: Step, tag: str, residual: int, elements: int) -> None:
+    """T5Block clamps an fp16 residual after each sub-layer (``torch.clamp`` with tensor
+    bounds keeps its input and both bounds); the fp32 stream after a wide ``wo`` is not."""
+    if _wide(step) and residual == 2:
+        led.keep(f"{tag}.sum", residual * elements)
+        led.keep(f"{tag}.clamp_min", 4)
+        led.keep(f"{tag}.clamp_max", 4)
 
 
 def _inputs(
@@ -220,7 +264,7 @@ def _attention(
     kv_source = f"{GLOBAL}encoder_out" if cross else x
     linear(led, step, kv_source, h, f"{module}.k")
     linear(led, step, kv_source, h, f"{module}.v")
-    if first and not cross:  # the bucket indices of the relative-position embedding
+    if first and not cross and step.trainable_weights:  # the trained bias embedding's indices
         led.keep(f"{tag}.buckets", 8 * step.seq * step.seq)
     if step.attention == "eager":
         _eager(led, arch, step, tag)
@@ -249,7 +293,7 @@ def _eager(led: Ledger, arch: Arch, step: Step, tag: str) -> None:
     elem_bytes, rows = step.dtype_bytes, step.tokens
     inner = arch.heads * arch.head_dim
     scores = step.batch * arch.heads * step.seq * step.seq
-    for name in ("q_copy", "k_copy", "v_copy", "out"):
+    for name in ("q_copy", "k_copy", "v_copy"):
         led.keep(f"{tag}.{name}", elem_bytes * rows * inner)
     led.keep(f"{tag}.softmax", elem_bytes * scores)
     probs = dropout(
@@ -271,6 +315,9 @@ def _feed_forward(led: Ledger, arch: Arch, step: Step, x: str) -> None:
     hidden = dropout(
         led, step, "ff.act.out", tag="ff.inner_drop", p=arch.hidden_dropout, elements=elements
     )
+    if _wide(step):  # `hidden_states.to(self.wo.weight.dtype)`: an fp32 copy for the matmul
+        linear(led, step, "ff.wide", arch.intermediate, "DenseReluDense.wo", in_bytes=4)
+        return
     linear(led, step, hidden, arch.intermediate, "DenseReluDense.wo")
 
 
@@ -302,4 +349,5 @@ FAMILY = Family(
     head_flops=lm_head_flops,
     loss_in_fp32=False,
     no_flash=frozenset({"t5", "mt5"}),
+    keep_in_fp32=frozenset({"wo"}),
 )
