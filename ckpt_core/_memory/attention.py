@@ -89,7 +89,8 @@ def attention_core(
         probs = "attn.softmax" if softmax_bytes == elem_bytes else "attn.probs"
         probs = dropout(led, step, probs, tag="attn.dropout", p=arch.attn_dropout, elements=scores)
         led.keep(probs, elem_bytes * scores)
-        led.keep("attn.o_in", elem_bytes * tokens * q)  # transpose(1, 2).contiguous() copies
+        # The output's transpose(1, 2).contiguous() copy is o_proj's input, kept by o_proj
+        # only when it is trained (an adapter keeps its own fp32 copy).
         return "attn.o_in"
     if mask is not None and 1 < arch.kv_heads < arch.heads:
         # a mask turns off sdpa's native GQA: repeat_kv copies (one kv head: a stride-0 view)
