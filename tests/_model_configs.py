@@ -51,3 +51,44 @@ OLMO3: Final = (
     ("layer_types", (["sliding_attention"] * 3 + ["full_attention"]) * 4),
     ("rope_scaling", None),
 )
+
+# A Mistral 3 vision-language config at Mistral Small 3.1's sizes (Pixtral tower, Mistral
+# text model), with four text layers: its parameter layout and activations are exact
+# at any depth.
+MISTRAL3: Final[dict[str, Any]] = {
+    "model_type": "mistral3",
+    "architectures": ["Mistral3ForConditionalGeneration"],
+    "image_token_index": 10,
+    "multimodal_projector_bias": False,
+    "projector_hidden_act": "gelu",
+    "spatial_merge_size": 2,
+    "tie_word_embeddings": False,
+    "vision_feature_layer": -1,
+    "text_config": {
+        "model_type": "mistral",
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "hidden_size": 5120,
+        "intermediate_size": 32768,
+        "max_position_embeddings": 131072,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 4,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 1000000000.0,
+        "sliding_window": None,
+        "vocab_size": 131072,
+    },
+    "vision_config": {
+        "model_type": "pixtral",
+        "head_dim": 64,
+        "hidden_act": "silu",
+        "hidden_size": 1024,
+        "image_size": 1540,
+        "intermediate_size": 4096,
+        "num_attention_heads": 16,
+        "num_hidden_layers": 24,
+        "patch_size": 14,
+        "rope_theta": 10000.0,
+    },
+}

@@ -24,7 +24,7 @@ from ckpt_core._memory.flops import recompute_ratio
 from ckpt_core._memory.inputs import Run, model_facts, parse_workload, prepare
 from ckpt_core._memory.ledger import Step
 from ckpt_core._meta.measure import measure_activation_bytes
-from tests._model_configs import GRANITE, MT5_BASE, OLMO3, SMOLLM3
+from tests._model_configs import GRANITE, MISTRAL3, MT5_BASE, OLMO3, SMOLLM3
 from tests._tiny_models import tiny_model
 
 TIERS = ("off", "selective", "medium", "full")
@@ -241,9 +241,32 @@ def test_lora_matches_peft_on_meta(preset: str, targets: list[str] | None, atten
         assert activation_bytes(run.facts.arch, run.step, tier) == measured, tier
 
 
+@pytest.mark.parametrize(
+    "model_input", [{"preset": "gemma-3-4b"}, {"config": MISTRAL3}], ids=["gemma3", "mistral3"]
+)
+def test_adapter_targets_reach_the_vision_tower(model_input: dict[str, Any]) -> None:
+    """PEFT matches ``target_modules`` by suffix on every module, a vision tower's too:
+    its matching linears get adapters that text-only training never runs.  The estimate
+    loads them (fp32 weights) and trains only the text model's."""
+    from peft import LoraConfig, get_peft_model
+
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    base = build_meta_model(load_model_config(model_input), attention="sdpa")
+    peft_model = get_peft_model(base.to(torch.bfloat16), LoraConfig(r=16, target_modules=targets))
+    towers = ("vision_tower", "multi_modal_projector")
+    adapters = {n: p.numel() for n, p in peft_model.named_parameters() if "lora_" in n}
+    idle = sum(size for name, size in adapters.items() if any(t in name for t in towers))
+    assert idle > 0
+    workload = {"seq_len": 512, "method": "lora", "lora_rank": 16, "lora_targets": targets}
+    run = prepare(model_facts(model_input), parse_workload(workload))
+    assert run.static.trainable_parameters == sum(adapters.values()) - idle
+    assert run.static.weights == sum(p.nbytes for p in peft_model.parameters())
+
+
 # Model types no bundled preset has, by their configs.
 CONFIGS = {
     "mt5": MT5_BASE,
+    "mistral3": MISTRAL3,
     **{
         dict(overrides)["model_type"]: {**load_preset("llama-3.2-1b"), **dict(overrides)}
         for overrides in (GRANITE, SMOLLM3, OLMO3)
@@ -260,7 +283,10 @@ def test_a_model_type_without_a_preset_is_estimated_as_measured(
     """mT5 runs T5's modules, so the T5 family's parameters and activations hold for it;
     Granite is Llama's block with scalar multipliers, which keep nothing for backward;
     SmolLM3's layers without RoPE keep q and k as projected, the same bytes; OLMo-3's
-    sliding layers keep their mask and read rotary tables of their own."""
+    sliding layers keep their mask and read rotary tables of their own; Mistral 3 is
+    Mistral's text model behind a Pixtral tower and projector that text-only training
+    never runs (their parameters counted, nothing kept), its LM head tied or not by the
+    top-level config."""
     model_input = {"config": CONFIGS[name]}
     model = build_meta_model(load_model_config(model_input), attention=attention)
     facts = model_facts(model_input)

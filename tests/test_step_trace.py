@@ -13,6 +13,7 @@ from ckpt_core._memory.inputs import model_facts, parse_workload, prepare
 from ckpt_core._memory.peak import allocated_moments
 from ckpt_core._memory.step_trace import simulate
 from ckpt_core._memory.workspace import EARLIER, HOPPER_AND_LATER, blas_workspace_bytes
+from tests._model_configs import MISTRAL3
 
 LORA = {"method": "lora", "lora_rank": 32, "lora_targets": ["q_proj", "k_proj", "v_proj", "o_proj"]}
 _TARGETS = {"target_modules": LORA["lora_targets"]}
@@ -349,18 +350,23 @@ def test_a_plan_between_the_tiers_adds_what_it_keeps_to_the_full_tiers_replayed_
     assert peak(plan) == peak("full") + kept_beyond_full
 
 
-def test_the_replay_loads_gemma3s_vision_tower_and_trains_none_of_it() -> None:
-    """gemma-3-4b is Gemma3ForConditionalGeneration: its SigLIP tower and projector (420M
-    parameters) are loaded with the text model.  Text-only training never runs them, so
-    a full fine-tune gives them no gradient, and AdamW makes no state for a parameter
-    whose ``.grad`` is None: the replay loads them and trains the rest."""
+@pytest.mark.parametrize(
+    "model_input", [{"preset": "gemma-3-4b"}, {"config": MISTRAL3}], ids=["gemma3", "mistral3"]
+)
+def test_the_replay_loads_the_vision_tower_and_trains_none_of_it(
+    model_input: dict[str, Any],
+) -> None:
+    """gemma-3-4b is Gemma3ForConditionalGeneration, Mistral 3 is
+    Mistral3ForConditionalGeneration: their vision tower and projector (SigLIP: 420M
+    parameters; Pixtral: 439M) are loaded with the text model.  Text-only training never
+    runs them, so a full fine-tune gives them no gradient, and AdamW makes no state for
+    a parameter whose ``.grad`` is None: the replay loads them and trains the rest."""
     import torch
 
     from ckpt_core._configs.model_config import build_meta_model, load_model_config
     from ckpt_core._memory.autograd_sim import Sim
     from ckpt_core._memory.step_trace import _load
 
-    model_input = {"preset": "gemma-3-4b"}
     model = build_meta_model(load_model_config(model_input), attention="sdpa").to(torch.bfloat16)
     held = sum(p.nbytes for p in model.parameters())
     towers = ("vision_tower", "multi_modal_projector")

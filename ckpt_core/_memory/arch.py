@@ -31,14 +31,20 @@ _ACTIVATIONS: Final[dict[str, str]] = {
 
 @dataclass(frozen=True, slots=True)
 class Vision:
-    """A vision tower's sizes (weights only: text-only training never runs it)."""
+    """A vision tower's sizes (weights only: text-only training never runs it).
 
+    ``kind``: ``siglip`` (Gemma 3: learned positions, biased linears, LayerNorms) or
+    ``pixtral`` (Mistral 3: rotary positions, a gated MLP, RMS norms, no biases).
+    """
+
+    kind: str
     hidden: int
     layers: int
     intermediate: int
-    patches: int  # position-embedding rows
-    patch_pixels: int  # 3 x patch x patch
-    projector: int  # parameters of the projector into the text model
+    patches: int  # position-embedding rows (SigLIP)
+    patch_pixels: int  # channels x patch x patch
+    projector: tuple[int, ...]  # the projector's parameter tensors, in module order
+    projector_linears: tuple[tuple[str, int, int], ...] = ()  # (name, fan in, fan out)
 
 
 @dataclass(frozen=True, slots=True)

@@ -129,12 +129,15 @@ def static_memory(
     lora_parameters: int,
     *,
     keep_in_fp32: frozenset[str] = frozenset(),
+    idle_adapters: int = 0,
 ) -> StaticMemory:
     """Weights by storage, plus gradients and optimizer states of what is trained.
 
     ``keep_in_fp32``: the linears transformers keeps in fp32 when it loads in
     fp16 (`Family.keep_in_fp32`; a full fine-tune's gradients and optimizer
-    states of them are fp32 too), and never quantizes.
+    states of them are fp32 too), and never quantizes.  ``idle_adapters``:
+    parameters of the adapters on a tower text-only training never runs (fp32
+    weights, never trained).
     """
     kept = [linear for linear in layout.linears if linear.name.rsplit(".", 1)[-1] in keep_in_fp32]
     weights = _weight_bytes(layout, workload, kept)
@@ -150,7 +153,7 @@ def static_memory(
         )
     else:
         trainable = lora_parameters
-        weights += trainable * LORA_BYTES
+        weights += (trainable + idle_adapters) * LORA_BYTES
         gradients = trainable * LORA_BYTES
         optimizer = trainable * optimizer_bytes_per_parameter(workload.optimizer, LORA_BYTES)
     return StaticMemory(
@@ -199,10 +202,13 @@ def recipe_for(
     static: StaticMemory,
     step: Step,
     blas_workspace: int = blas_workspace_bytes(None),
+    *,
+    idle_adapters: tuple[int, ...] = (),
 ) -> Recipe:
     """The real-step facts `ckpt_core._memory.peak` and the replay need, from the recipe fields.
 
-    ``blas_workspace``: one cuBLAS workspace on the GPU (`ckpt_core._memory.workspace`).
+    ``blas_workspace``: one cuBLAS workspace on the GPU (`ckpt_core._memory.workspace`);
+    ``idle_adapters``: the parameters of each adapter tensor on an idle tower, in order.
     """
     compute = DTYPE_BYTES[workload.dtype]
     logits = 0
@@ -237,6 +243,7 @@ def recipe_for(
         blas_workspace=blas_workspace,
         half_scores=workload.dtype == "fp16",
         padded=step.padded,
+        idle_adapters=tuple(LORA_BYTES * size for size in idle_adapters),
     )
     return Recipe(
         logits_bytes=logits,

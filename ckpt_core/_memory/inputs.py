@@ -122,6 +122,7 @@ def prepare(facts: Facts, workload: Workload, gpu: str | None = None) -> Run:
         for linear in layout.linears
         if linear.name in targets
     )
+    idle_adapters = _idle_adapters(layout, workload)
     kernel, note = _attention(arch, workload.attention)
     fp32_linears = _fp32_linears(arch, workload)
     step = Step(
@@ -138,9 +139,13 @@ def prepare(facts: Facts, workload: Workload, gpu: str | None = None) -> Run:
     )
     # Per GPU of the data-parallel group (the unsharded totals ride along): issue 17.
     keep = family_of(arch).keep_in_fp32
-    replica = static_memory(layout, workload, lora_parameters, keep_in_fp32=keep)
+    replica = static_memory(
+        layout, workload, lora_parameters, keep_in_fp32=keep, idle_adapters=sum(idle_adapters)
+    )
     static = per_gpu_memory(replica, arch, layout, workload)
-    recipe = recipe_for(layout, workload, static, step, blas_workspace_bytes(gpu))
+    recipe = recipe_for(
+        layout, workload, static, step, blas_workspace_bytes(gpu), idle_adapters=idle_adapters
+    )
     return Run(facts, workload, step, static, note, recipe, gpu)
 
 
@@ -181,7 +186,7 @@ def _lora_targets(layout: ParamLayout, workload: Workload) -> frozenset[str]:
         return frozenset(names)
     chosen: set[str] = set()
     for target in workload.lora_targets:
-        matched = [n for n in names if n == target or n.endswith("." + target)]
+        matched = [n for n in names if _suffix_match(n, target)]
         if not matched:
             raise InvalidWorkloadError(
                 f"lora target {target!r} matches no linear layer of this model; its block "
@@ -190,6 +195,30 @@ def _lora_targets(layout: ParamLayout, workload: Workload) -> frozenset[str]:
             )
         chosen.update(matched)
     return frozenset(chosen)
+
+
+def _idle_adapters(layout: ParamLayout, workload: Workload) -> tuple[int, ...]:
+    """Parameters of each adapter PEFT puts on an idle tower's linears (``lora_targets``
+    match module names by suffix, a vision tower's too), A then B, in the order PEFT
+    makes them: the tower's layers, then its projector.  They never train."""
+    if workload.method == "full" or workload.lora_targets is None:
+        return ()
+    matched = [
+        linear
+        for linear in layout.idle_linears
+        if any(_suffix_match(linear.name, t) for t in workload.lora_targets)
+    ]
+    per_layer = [linear for linear in matched if linear.count > 1]
+    layers = max((linear.count for linear in per_layer), default=0)
+    once = [linear for linear in matched if linear.count == 1]
+    order = [linear for _ in range(layers) for linear in per_layer] + once
+    rank = workload.lora_rank
+    return tuple(rank * size for linear in order for size in (linear.fan_in, linear.fan_out))
+
+
+def _suffix_match(name: str, target: str) -> bool:
+    """PEFT's ``target_modules`` match: the module name, or a dotted suffix of it."""
+    return name == target or name.endswith("." + target)
 
 
 def _attention(arch: Arch, requested: str) -> tuple[str, str]:

@@ -40,6 +40,7 @@ class TraceRecipe:
     half_scores: bool = False
     blas_workspace: int = 0  # one cuBLAS workspace (`ckpt_core._memory.workspace`)
     padded: bool = False  # an attention mask with padding (`ckpt_core._memory.model_trace`)
+    idle_adapters: tuple[int, ...] = ()  # adapter tensors on an idle tower, in PEFT's order
 
 
 def adapted(recipe: TraceRecipe, name: str) -> bool:

@@ -53,6 +53,9 @@ class ParamLayout:
     other: int  # norms, biases of non-linear modules, routers, position tables
     # Loaded, never run by text-only training (a vision tower): no gradient, no state.
     idle: int = 0
+    # Its linears, in module order (per layer, then the projector's): an adapter target
+    # matching one by suffix gets an adapter there too (PEFT), which never trains.
+    idle_linears: tuple[Linear, ...] = ()
 
     @property
     def linear_parameters(self) -> int:

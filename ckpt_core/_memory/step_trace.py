@@ -112,6 +112,8 @@ def _load(sim: Sim, arch: Arch, recipe: TraceRecipe) -> list[int]:
             sim.drop(tensor)
     if recipe.full and not arch.tied:
         trainable.append(embedding)
+    for size in recipe.idle_adapters:  # PEFT's adapters on the idle tower come first
+        sim.new(size)
     for _ in range(arch.layers):
         for name, fan_in, fan_out in _linears(arch):
             if recipe.lora_rank and adapted(recipe, name):
