@@ -446,6 +446,23 @@ def test_a_sliding_window_that_is_not_a_positive_int_is_a_config_error(window: o
     assert raised.value.field == "model.config.sliding_window"
 
 
+@pytest.mark.parametrize(
+    ("part", "model_type", "field"),
+    [
+        ("text_config", "qwen2", "model.config.text_config"),
+        ("vision_config", "siglip_vision_model", "model.config.vision_config"),
+    ],
+)
+def test_a_mistral3_the_estimate_does_not_describe_is_a_config_error(
+    part: str, model_type: str, field: str
+) -> None:
+    """Mistral 3 is described with a Mistral text model and a Pixtral tower only."""
+    config = {**MISTRAL3, part: {**MISTRAL3[part], "model_type": model_type}}
+    with pytest.raises(ModelConfigError) as raised:
+        make_plan("auto", gpu="A100-80GB", model={"config": config}, workload={"seq_len": 64})
+    assert raised.value.field == field
+
+
 def test_a_valid_sliding_window_is_estimated() -> None:
     config = {**load_preset("llama-3.2-1b"), "sliding_window": 32}
     plan = make_plan("auto", gpu="A100-80GB", model={"config": config}, workload={"seq_len": 64})
