@@ -92,3 +92,26 @@ MISTRAL3: Final[dict[str, Any]] = {
         "rope_theta": 10000.0,
     },
 }
+
+# Ministral 3's text model on Llama 3.2 1B's sizes: its YaRN parameters with Llama 4's
+# attention scaling (q times a per-position scale).
+MINISTRAL3: Final = (
+    ("model_type", "ministral3"),
+    ("architectures", ["Ministral3ForCausalLM"]),
+    ("rope_scaling", None),
+    (
+        "rope_parameters",
+        {
+            "type": "yarn",
+            "rope_theta": 1000000.0,
+            "factor": 16.0,
+            "original_max_position_embeddings": 8192,
+            "max_position_embeddings": 131072,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "mscale_all_dim": 1.0,
+            "mscale": 1.0,
+            "llama_4_scaling_beta": 0.1,
+        },
+    ),
+)

@@ -24,7 +24,7 @@ from ckpt_core._memory.flops import recompute_ratio
 from ckpt_core._memory.inputs import Run, model_facts, parse_workload, prepare
 from ckpt_core._memory.ledger import Step
 from ckpt_core._meta.measure import measure_activation_bytes
-from tests._model_configs import GRANITE, MISTRAL3, MT5_BASE, OLMO3, SMOLLM3
+from tests._model_configs import GRANITE, MINISTRAL3, MISTRAL3, MT5_BASE, OLMO3, SMOLLM3
 from tests._tiny_models import tiny_model
 
 TIERS = ("off", "selective", "medium", "full")
@@ -269,7 +269,7 @@ CONFIGS = {
     "mistral3": MISTRAL3,
     **{
         dict(overrides)["model_type"]: {**load_preset("llama-3.2-1b"), **dict(overrides)}
-        for overrides in (GRANITE, SMOLLM3, OLMO3)
+        for overrides in (GRANITE, SMOLLM3, OLMO3, MINISTRAL3)
     },
 }
 
@@ -286,7 +286,8 @@ def test_a_model_type_without_a_preset_is_estimated_as_measured(
     sliding layers keep their mask and read rotary tables of their own; Mistral 3 is
     Mistral's text model behind a Pixtral tower and projector that text-only training
     never runs (their parameters counted, nothing kept), its LM head tied or not by the
-    top-level config."""
+    top-level config; Ministral 3 scales the rotated q, whose product replaces it and
+    whose backward keeps the scale."""
     model_input = {"config": CONFIGS[name]}
     model = build_meta_model(load_model_config(model_input), attention=attention)
     facts = model_facts(model_input)

@@ -79,6 +79,9 @@ class Arch:
     attn_softcap: bool = False
     final_softcap: bool = False
     nope_layers: tuple[bool, ...] = ()  # layers that apply no RoPE (SmolLM3's every fourth)
+    # Ministral 3 multiplies the rotated q by a per-position scale (Llama 4's attention
+    # temperature): a q-sized product, whose backward keeps the scale.
+    query_scaling: bool = False
     # Granite: the embeddings, each residual branch and the logits are multiplied by a
     # Python float, each product a new tensor that nothing saves.
     scalar_multipliers: bool = False

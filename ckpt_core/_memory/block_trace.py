@@ -277,9 +277,23 @@ def attention(
         query_r = rope(sim, query, act * tokens * q, concat=arch.rope_concat)
         key_r = rope(sim, key, act * tokens * kv, concat=arch.rope_concat)
         sim.drop(query, key)
+    if arch.query_scaling:
+        query_r = _scaled_query(sim, query_r, act * tokens * q, recipe)
     out = attend(sim, query_r, key_r, value, arch=arch, recipe=recipe, mask=mask, held=held)
     # LlamaAttention.forward returns: its locals query/key/value_states die.
     sim.drop(query_r, key_r, value, *fused)
+    return out
+
+
+def _scaled_query(sim: Sim, query: int, size: int, recipe: TraceRecipe) -> int:
+    """Ministral3Attention: ``query_states * get_llama_4_attn_scale(...).to(dtype)``: the
+    scale is made from the positions in fp32 (a few seq-long temporaries) and cast to
+    the dtype; MulBackward0 keeps it, and the rebinding frees the rotated q."""
+    wide = sim.new(4 * recipe.seq)
+    scale = sim.new(recipe.act * recipe.seq)
+    sim.drop(wide)
+    out = sim.op([query], size, save=[scale])
+    sim.drop(scale, query)
     return out
 
 

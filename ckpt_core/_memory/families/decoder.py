@@ -49,10 +49,10 @@ from ckpt_core._memory.param_layout import Linear, ParamLayout, embedding_parame
 # --- reading the config ---------------------------------------------------------------
 
 
-# Vision-language model types: (their vision tower's model_type, their text model's).
+# Vision-language model types: (their vision tower's model_type, their text models').
 _MULTIMODAL: Final = {
-    "gemma3": ("siglip_vision_model", "gemma3_text"),
-    "mistral3": ("pixtral", "mistral"),
+    "gemma3": ("siglip_vision_model", ("gemma3_text",)),
+    "mistral3": ("pixtral", ("mistral", "ministral3")),
 }
 
 
@@ -61,10 +61,10 @@ def _read_arch(config: Any, model_type: str) -> Arch:
     tower's sizes."""
     if model_type not in _MULTIMODAL:
         return _text_arch(config, model_type)
-    text_type = _MULTIMODAL[model_type][1]
-    if getattr(config.get_text_config(), "model_type", None) != text_type:
+    text_types = _MULTIMODAL[model_type][1]
+    if getattr(config.get_text_config(), "model_type", None) not in text_types:
         raise ModelConfigError(
-            f"a {model_type} model is described with a {text_type} text model",
+            f"a {model_type} model is described with a {' or '.join(text_types)} text model",
             field="model.config.text_config",
         )
     # The model class ties its LM head by its own (top-level) config, not the text one's.
@@ -116,6 +116,7 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         final_softcap=bool(getattr(config, "final_logit_softcapping", None)),
         scalar_multipliers=model_type == "granite",
         nope_layers=tuple(not use for use in getattr(config, "no_rope_layers", None) or ()),
+        query_scaling=getattr(config, "model_type", model_type) == "ministral3",
         sliding_window=window if any(sliding) else None,
         sliding_layers=sliding,
         moe_layers=moe_layers,
@@ -372,6 +373,8 @@ def _attention(led: Ledger, arch: Arch, step: Step, x: str, sliding: bool) -> No
         norm(led, step, q_raw, "q_norm", kind=arch.norm, rows=tokens, width=q)
         norm(led, step, k_raw, "k_norm", kind=arch.norm, rows=tokens, width=kv)
     rope_tables(led, arch, step, sliding)
+    if arch.query_scaling:  # `query_states * scale`: the product replaces the rotated q
+        led.keep("q_scale", elem_bytes * step.seq)
     mask = mask_kind(arch, step, sliding)
     out = attention_core(led, arch, step, ("q_rope", "k_rope", v, v_bytes), mask=mask)
     linear(led, step, out, q, "self_attn.o_proj")
@@ -477,6 +480,7 @@ FAMILY = Family(
         "gemma3_text",
         "gemma3",
         "mistral3",
+        "ministral3",
     ),
     read_arch=_read_arch,
     param_layout=_param_layout,
