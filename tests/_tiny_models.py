@@ -119,6 +119,7 @@ _SPECS: dict[str, _Spec] = {
         {**_DECODER, "head_dim": 8, "sliding_window": 4, "query_pre_attn_scalar": 8},
     ),
     "phi3": _Spec("Phi3Config", "Phi3ForCausalLM", _DECODER),
+    "ministral3": _Spec("Ministral3Config", "Ministral3ForCausalLM", _DECODER),
     "olmo3": _Spec(
         "Olmo3Config",
         "Olmo3ForCausalLM",

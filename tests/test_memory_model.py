@@ -477,6 +477,7 @@ def test_a_valid_sliding_window_is_estimated() -> None:
         ("granite", 0.0),
         ("smollm3", 0.0),
         ("olmo3", 0.0),
+        ("ministral3", 0.0),
         ("gemma2", 0.0),
         ("gpt2", 0.1),
         ("bert", 0.1),
