@@ -77,6 +77,9 @@ class Arch:
     # back (Phi-3, even when the slice is the whole head): one more copy of q and of k.
     rope_concat: bool = False
     attn_softcap: bool = False
+    # Eager attention's softmax runs in the dtype (GPT-2, BERT, Falcon, T5), not on an
+    # fp32 copy of the scores as Llama-style models' does.
+    softmax_in_dtype: bool = False
     final_softcap: bool = False
     nope_layers: tuple[bool, ...] = ()  # layers that apply no RoPE (SmolLM3's every fourth)
     # Ministral 3 multiplies the rotated q by a per-position scale (Llama 4's attention

@@ -57,15 +57,14 @@ def attention_core(
     qkv: tuple[str, str, str, int],
     *,
     mask: str | None,
-    softmax_fp32: bool = True,
 ) -> str:
     """The attention kernel on q, k, v storages; returns the output storage (o_proj's input).
 
     ``qkv`` = (q name, k name, v storage name, v storage bytes); q and k are
     storages of ``heads`` and ``kv_heads`` width.  ``mask``: the mask
-    transformers passes (`mask_kind`).  ``softmax_fp32``: eager upcasts the
-    scores to fp32 (Llama-style) rather than keeping them in the dtype
-    (GPT-2, BERT, Falcon).
+    transformers passes (`mask_kind`).  Eager upcasts the scores to fp32
+    (Llama-style) unless the model's softmax runs in the dtype
+    (`Arch.softmax_in_dtype`).
     """
     if step.attention == "flash" and step.padded:
         return _unpadded_flash(led, arch, step)
@@ -84,7 +83,7 @@ def attention_core(
             led.keep(v_name, v_bytes)
         if arch.attn_softcap:
             led.keep("attn.tanh", elem_bytes * scores)
-        softmax_bytes = 4 if softmax_fp32 else elem_bytes
+        softmax_bytes = elem_bytes if arch.softmax_in_dtype else 4
         led.keep("attn.softmax", softmax_bytes * scores)
         probs = "attn.softmax" if softmax_bytes == elem_bytes else "attn.probs"
         probs = dropout(led, step, probs, tag="attn.dropout", p=arch.attn_dropout, elements=scores)

@@ -90,13 +90,14 @@ def allocated_moments(
 def _eager_extra(arch: Arch, step: Step, recipe: Recipe) -> int:
     """The score-sized gradient CUDA's eager backward holds beyond the meta trace.
 
-    Scores in another half dtype than fp16 (bf16) reach the softmax through an
-    fp32 copy, so the softmax's input gradient is fp32 rather than the dtype's;
-    without a replay recipe the copy is assumed.
+    Scores in another half dtype than fp16 (bf16) reach an fp32 softmax through
+    an fp32 copy, so the softmax's input gradient is fp32 rather than the
+    dtype's; without a replay recipe the copy is assumed.  A softmax in the
+    dtype (`Arch.softmax_in_dtype`) makes no copy.
     """
     if step.attention != "eager":
         return 0
     scores = step.batch * arch.heads * step.seq * step.seq
     half_scores = recipe.trace is not None and recipe.trace.half_scores
-    widened = 4 - step.dtype_bytes if step.dtype_bytes < 4 and not half_scores else 0
-    return (step.dtype_bytes + widened) * scores
+    copied = step.dtype_bytes < 4 and not half_scores and not arch.softmax_in_dtype
+    return (step.dtype_bytes + (4 - step.dtype_bytes if copied else 0)) * scores

@@ -64,6 +64,8 @@ def widest_gradients(arch: Arch, step: Step) -> int:
     widest = elem_bytes * tokens * inner
     if arch.is_moe:
         widest = max(widest, 2 * elem_bytes * tokens * arch.top_k * arch.moe_intermediate)
-    if step.attention == "eager":
-        widest = max(widest, (4 + elem_bytes) * step.batch * arch.heads * step.seq * step.seq)
+    if step.attention == "eager":  # the softmax's output and its input's gradient
+        softmax_bytes = elem_bytes if arch.softmax_in_dtype else 4
+        scores = step.batch * arch.heads * step.seq * step.seq
+        widest = max(widest, (softmax_bytes + elem_bytes) * scores)
     return widest + 2 * elem_bytes * tokens * arch.hidden

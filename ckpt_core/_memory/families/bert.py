@@ -43,6 +43,7 @@ def _read_arch(config: Any, model_type: str) -> Arch:
     return Arch(
         model_type=model_type,
         family="bert",
+        softmax_in_dtype=True,
         hidden=hidden,
         layers=read_int(config, "num_hidden_layers"),
         heads=heads,
@@ -104,7 +105,7 @@ def _block(arch: Arch, step: Step, mode: BlockMode, kind: BlockKind) -> Ledger:
         for name in ("query", "key", "value"):
             linear(led, step, "in", h, f"attention.self.{name}")
         qkv = ("attn.q", "attn.k", "attn.v", elem_bytes * n)
-        out = attention_core(led, arch, step, qkv, mask=_mask(arch, step), softmax_fp32=False)
+        out = attention_core(led, arch, step, qkv, mask=_mask(arch, step))
         linear(led, step, out, h, "attention.output.dense")
         dropout(led, step, "attn.dense", tag="attn.drop", p=arch.hidden_dropout, elements=n)
         norm(led, step, "attn.sum", "attn.ln", kind="layer", rows=rows, width=h)

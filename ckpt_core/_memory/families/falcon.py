@@ -54,6 +54,7 @@ def _read_arch(config: Any, model_type: str) -> Arch:
     return Arch(
         model_type=model_type,
         family="falcon",
+        softmax_in_dtype=True,
         hidden=hidden,
         layers=read_int(config, "num_hidden_layers"),
         heads=heads,
@@ -137,9 +138,7 @@ def _attention(led: Ledger, arch: Arch, step: Step, x: str) -> None:
     linear(led, step, x, arch.hidden, "self_attention.query_key_value")
     rope_tables(led, arch, step, sliding=False)
     v = ("attn.v", elem_bytes * tokens * arch.kv_heads * d)  # transpose + reshape copies v
-    out = attention_core(
-        led, arch, step, ("q_rope", "k_rope", *v), mask=_mask(arch, step), softmax_fp32=False
-    )
+    out = attention_core(led, arch, step, ("q_rope", "k_rope", *v), mask=_mask(arch, step))
     linear(led, step, out, arch.hidden, "self_attention.dense")
 
 

@@ -40,6 +40,7 @@ def _read_arch(config: Any, model_type: str) -> Arch:
     return Arch(
         model_type=model_type,
         family="gpt2",
+        softmax_in_dtype=True,
         hidden=hidden,
         layers=read_int(config, "n_layer", "num_hidden_layers"),
         heads=heads,
@@ -107,7 +108,7 @@ def _block(arch: Arch, step: Step, mode: BlockMode, kind: BlockKind) -> Ledger:
             "attn.qkv",
             3 * elem_bytes * n,
         )  # q, k, v: views of one storage
-        out = attention_core(led, arch, step, qkv, mask=_mask(arch, step), softmax_fp32=False)
+        out = attention_core(led, arch, step, qkv, mask=_mask(arch, step))
         linear(led, step, out, arch.hidden, "attn.c_proj")
         # the residual dropout is inside GPT2Attention (checkpointed with it)
         dropout(led, step, "attn.proj", tag="attn.resid_drop", p=arch.hidden_dropout, elements=n)

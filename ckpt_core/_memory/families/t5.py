@@ -51,6 +51,7 @@ def _read_arch(config: Any, model_type: str) -> Arch:
     return Arch(
         model_type=model_type,
         family="t5",
+        softmax_in_dtype=True,
         hidden=hidden,
         layers=read_int(config, "num_decoder_layers", default=layers),
         encoder_layers=layers,
