@@ -12,13 +12,11 @@ Pure arithmetic.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Final
+from typing import Any
 
-from ckpt_core._errors import ModelConfigError
 from ckpt_core._memory.arch import (
     Arch,
     BlockKind,
-    Vision,
     read_activation,
     read_int,
     read_window,
@@ -29,6 +27,12 @@ from ckpt_core._memory.costs import (
     attention_block_flops,
     dense_mlp_flops,
     lm_head_flops,
+)
+from ckpt_core._memory.families.vision import (
+    MULTIMODAL,
+    read_vision,
+    vision_linears,
+    vision_tensors,
 )
 from ckpt_core._memory.family import Family, single_stack
 from ckpt_core._memory.gemma_trace import GEMMA2, GEMMA3
@@ -49,29 +53,15 @@ from ckpt_core._memory.param_layout import Linear, ParamLayout, embedding_parame
 # --- reading the config ---------------------------------------------------------------
 
 
-# Vision-language model types: (their vision tower's model_type, their text models').
-_MULTIMODAL: Final = {
-    "gemma3": ("siglip_vision_model", ("gemma3_text",)),
-    "mistral3": ("pixtral", ("mistral", "ministral3")),
-}
-
-
 def _read_arch(config: Any, model_type: str) -> Arch:
     """The text model's facts; Gemma 3 and Mistral 3 (vision + text) add their vision
     tower's sizes."""
-    if model_type not in _MULTIMODAL:
+    if model_type not in MULTIMODAL:
         return _text_arch(config, model_type)
-    text_types = _MULTIMODAL[model_type][1]
-    if getattr(config.get_text_config(), "model_type", None) not in text_types:
-        raise ModelConfigError(
-            f"a {model_type} model is described with a {' or '.join(text_types)} text model",
-            field="model.config.text_config",
-        )
+    vision = read_vision(config)
     # The model class ties its LM head by its own (top-level) config, not the text one's.
     tied = bool(getattr(config, "tie_word_embeddings", False))
-    return replace(
-        _text_arch(config.get_text_config(), model_type), vision=_vision(config), tied=tied
-    )
+    return replace(_text_arch(config.get_text_config(), model_type), vision=vision, tied=tied)
 
 
 def _text_arch(config: Any, model_type: str) -> Arch:
@@ -148,54 +138,6 @@ def _qk_norm(model_type: str) -> str:
     return "full" if model_type in ("olmo2", "olmo3") else ""
 
 
-def _vision(config: Any) -> Vision:
-    vision = config.vision_config
-    tower = getattr(vision, "model_type", None)
-    if tower != _MULTIMODAL[config.model_type][0] or getattr(vision, "vision_use_head", False):
-        raise ModelConfigError(
-            "only a SigLIP vision tower without pooling head (Gemma 3) or a Pixtral one "
-            "(Mistral 3) is described",
-            field="model.config.vision_config",
-        )
-    patch = read_int(vision, "patch_size")
-    hidden = read_int(vision, "hidden_size")
-    text_hidden = read_int(config.get_text_config(), "hidden_size")
-    linears: tuple[tuple[str, int, int], ...] = ()
-    if tower == "pixtral":
-        projector, linears = _mistral3_projector(config, hidden, text_hidden)
-    else:  # the input projection (a bare parameter), the soft-embedding norm
-        projector = (hidden * text_hidden, hidden)
-    return Vision(
-        kind="pixtral" if tower == "pixtral" else "siglip",
-        hidden=hidden,
-        layers=read_int(vision, "num_hidden_layers"),
-        intermediate=read_int(vision, "intermediate_size"),
-        patches=(read_int(vision, "image_size") // patch) ** 2,
-        patch_pixels=read_int(vision, "num_channels", default=3) * patch * patch,
-        projector=projector,
-        projector_linears=linears,
-    )
-
-
-def _mistral3_projector(
-    config: Any, hidden: int, text_hidden: int
-) -> tuple[tuple[int, ...], tuple[tuple[str, int, int], ...]]:
-    """Mistral3MultiModalProjector's tensors (its norm, the patch merger's linear, two
-    linears into the text model, with biases when ``multimodal_projector_bias``) and its
-    linears (name, fan in, fan out)."""
-    merge = read_int(config, "spatial_merge_size", default=2)
-    feature_layers = config.vision_feature_layer
-    inputs = hidden * (1 if isinstance(feature_layers, int) else len(feature_layers))
-    linears = (
-        ("patch_merger.merging_layer", hidden * merge * merge, hidden),
-        ("linear_1", inputs, text_hidden),
-        ("linear_2", text_hidden, text_hidden),
-    )
-    bias = (text_hidden,) if getattr(config, "multimodal_projector_bias", False) else ()
-    merger, first, second = (fan_in * fan_out for _, fan_in, fan_out in linears)
-    return (hidden, merger, first, *bias, second, *bias), linears
-
-
 # --- parameters -------------------------------------------------------------------
 
 
@@ -232,57 +174,9 @@ def _param_layout(arch: Arch) -> ParamLayout:
     qk_norm = {"head": 2 * d, "full": q + kv}.get(arch.qk_norm, 0)
     other = n * (norms_per_block + qk_norm) + router + h  # + final norm
     linears = tuple(item for item in (*attention, *mlp) if item.count)
-    idle = sum(_vision_tensors(arch))
+    idle = sum(vision_tensors(arch))
     layout = ParamLayout(linears, experts, embedding_parameters(arch), other, idle)
-    return replace(layout, idle_linears=_vision_linears(arch))
-
-
-def _vision_tensors(arch: Arch) -> tuple[int, ...]:
-    """The vision tower, then the projector into the text model, per parameter tensor in
-    module order (elements); none without a tower."""
-    vision = arch.vision
-    if vision is None:
-        return ()
-    tower = _pixtral_tensors(vision) if vision.kind == "pixtral" else _siglip_tensors(vision)
-    return (*tower, *vision.projector)
-
-
-def _vision_linears(arch: Arch) -> tuple[Linear, ...]:
-    """The vision tower's linears, per layer in module order, then the projector's."""
-    vision = arch.vision
-    if vision is None:
-        return ()
-    hv, inter, n = vision.hidden, vision.intermediate, vision.layers
-    if vision.kind == "siglip":  # Gemma 3's projector is a bare parameter, not a linear
-        names = ("k_proj", "v_proj", "q_proj", "out_proj")
-        attention = [Linear(f"self_attn.{x}", hv, hv, n, True) for x in names]
-        mlp = [Linear("mlp.fc1", hv, inter, n, True), Linear("mlp.fc2", inter, hv, n, True)]
-        return (*attention, *mlp)
-    mlp = [Linear(f"feed_forward.{x}_proj", hv, inter, n) for x in ("gate", "up")]
-    mlp.append(Linear("feed_forward.down_proj", inter, hv, n))
-    attention = [Linear(f"attention.{x}_proj", hv, hv, n) for x in ("k", "v", "q", "o")]
-    projector = [
-        Linear(name, fan_in, fan_out, 1) for name, fan_in, fan_out in vision.projector_linears
-    ]
-    return (*mlp, *attention, *projector)
-
-
-def _siglip_tensors(vision: Vision) -> tuple[int, ...]:
-    """Gemma 3's SigLIP tower without head: patch conv, positions, layers, final norm."""
-    hv, inter = vision.hidden, vision.intermediate
-    embeddings = (vision.patch_pixels * hv, hv, vision.patches * hv)  # patch conv, positions
-    attention = (hv * hv, hv) * 4  # k, v, q, out projections with biases
-    layer = (hv, hv, *attention, hv, hv, hv * inter, inter, inter * hv, hv)
-    return (*embeddings, *layer * vision.layers, hv, hv)
-
-
-def _pixtral_tensors(vision: Vision) -> tuple[int, ...]:
-    """Mistral 3's Pixtral tower: patch conv and norm (no bias), then each layer's
-    attention norm, gated MLP, k / v / q / o projections and MLP norm (its rotary
-    tables are buffers)."""
-    hv, inter = vision.hidden, vision.intermediate
-    layer = (hv, hv * inter, hv * inter, inter * hv, *(hv * hv,) * 4, hv)
-    return (vision.patch_pixels * hv, hv, *layer * vision.layers)
+    return replace(layout, idle_linears=vision_linears(arch))
 
 
 # --- what the forward keeps -------------------------------------------------------
@@ -495,5 +389,5 @@ FAMILY = Family(
     no_flash=frozenset({"gemma3"}),
     trace=_trace,
     replayed_exactly=_replayed_exactly,
-    idle_tensors=_vision_tensors,
+    idle_tensors=vision_tensors,
 )
