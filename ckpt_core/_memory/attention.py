@@ -42,6 +42,12 @@ def mask_bytes(step: Step, mask: str) -> int:
     return (step.batch if step.padded else 1) * step.seq * step.seq
 
 
+def eager_softmax_bytes(arch: Arch, elem_bytes: int) -> int:
+    """Bytes per score of eager attention's softmax: an fp32 copy of the scores
+    (Llama-style), or the dtype's (`Arch.softmax_in_dtype`)."""
+    return elem_bytes if arch.softmax_in_dtype else 4
+
+
 def rope_tables(led: Ledger, arch: Arch, step: Step, sliding: bool) -> None:
     """RoPE multiplies by cos and sin: both kept (shared by every layer)."""
     elem_bytes, seq = 4 if arch.rope_fp32 else step.dtype_bytes, step.seq
@@ -83,7 +89,7 @@ def attention_core(
             led.keep(v_name, v_bytes)
         if arch.attn_softcap:
             led.keep("attn.tanh", elem_bytes * scores)
-        softmax_bytes = elem_bytes if arch.softmax_in_dtype else 4
+        softmax_bytes = eager_softmax_bytes(arch, elem_bytes)
         led.keep("attn.softmax", softmax_bytes * scores)
         probs = "attn.softmax" if softmax_bytes == elem_bytes else "attn.probs"
         probs = dropout(led, step, probs, tag="attn.dropout", p=arch.attn_dropout, elements=scores)

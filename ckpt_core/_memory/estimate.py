@@ -129,23 +129,23 @@ def static_memory(
     lora_parameters: int,
     *,
     keep_in_fp32: frozenset[str] = frozenset(),
+    fp32_linears: frozenset[str] = frozenset(),
     idle_adapters: int = 0,
 ) -> StaticMemory:
     """Weights by storage, plus gradients and optimizer states of what is trained.
 
-    ``keep_in_fp32``: the linears transformers keeps in fp32 when it loads in
-    fp16 (`Family.keep_in_fp32`; a full fine-tune's gradients and optimizer
-    states of them are fp32 too), and never quantizes.  ``idle_adapters``:
+    ``keep_in_fp32``: the linears transformers keeps in fp32 when it loads in fp16
+    (`Family.keep_in_fp32`), which bitsandbytes never quantizes; ``fp32_linears``:
+    those this load keeps in fp32 (`Step.fp32_linears`), whose gradients and
+    optimizer states are fp32 too in a full fine-tune.  ``idle_adapters``:
     parameters of the adapters on a tower text-only training never runs (fp32
     weights, never trained).
     """
-    kept = [linear for linear in layout.linears if linear.name.rsplit(".", 1)[-1] in keep_in_fp32]
-    weights = _weight_bytes(layout, workload, kept)
+    wide = sum(linear.parameters for linear in _named(layout, fp32_linears))
+    weights = _weight_bytes(layout, workload, _named(layout, keep_in_fp32), wide)
     if workload.method == "full":
         trainable = layout.trained
         grad_bytes = DTYPE_BYTES[workload.weight_storage]
-        # Loaded in fp16, the kept linears are fp32: so are their gradients and states.
-        wide = sum(linear.parameters for linear in kept) if workload.weight_storage == "fp16" else 0
         per_parameter = functools.partial(optimizer_bytes_per_parameter, workload.optimizer)
         gradients = trainable * grad_bytes + wide * (4 - grad_bytes)
         optimizer = trainable * per_parameter(grad_bytes) + wide * (
@@ -164,13 +164,16 @@ def static_memory(
     )
 
 
-def _weight_bytes(layout: ParamLayout, workload: Workload, kept: list[Linear]) -> int:
-    """Bytes of the loaded weights; the ``kept`` linears (`static_memory`) are fp32 when
-    loaded in fp16, and bitsandbytes leaves them unquantized."""
+def _named(layout: ParamLayout, names: frozenset[str]) -> list[Linear]:
+    """The block linears whose last name part is in ``names`` (``"wo"``)."""
+    return [linear for linear in layout.linears if linear.name.rsplit(".", 1)[-1] in names]
+
+
+def _weight_bytes(layout: ParamLayout, workload: Workload, kept: list[Linear], wide: int) -> int:
+    """Bytes of the loaded weights: ``wide`` parameters load in fp32, and bitsandbytes
+    leaves the ``kept`` linears unquantized."""
     storage = workload.weight_storage
-    kept_parameters = sum(linear.parameters for linear in kept)
     if storage in DTYPE_BYTES:
-        wide = kept_parameters if storage == "fp16" else 0
         return layout.total * DTYPE_BYTES[storage] + wide * (4 - DTYPE_BYTES[storage])
     # PEFT's prepare_model_for_kbit_training casts every non-quantized parameter to fp32.
     unquantized_bytes = 4 if workload.kbit_prepared else DTYPE_BYTES[workload.dtype]
@@ -178,9 +181,7 @@ def _weight_bytes(layout: ParamLayout, workload: Workload, kept: list[Linear]) -
     quantized = sum(linear.weights for linear in quantized_linears)
     rows = sum(linear.fan_out * linear.count for linear in quantized_linears)
     unquantized = layout.total - quantized  # biases, embeddings, norms, experts, kept linears
-    fixed = unquantized * unquantized_bytes
-    if workload.dtype == "fp16":  # the kept linears load in fp32
-        fixed += kept_parameters * (4 - unquantized_bytes)
+    fixed = unquantized * unquantized_bytes + wide * (4 - unquantized_bytes)
     if storage == "int8":
         return quantized + 4 * rows + fixed
     double = workload.double_quant

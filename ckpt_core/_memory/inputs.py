@@ -25,7 +25,7 @@ from ckpt_core._memory.estimate import (
 )
 from ckpt_core._memory.families import NO_FLASH, NO_SDPA, arch_of, family_of, param_layout
 from ckpt_core._memory.ledger import Step
-from ckpt_core._memory.param_layout import ParamLayout
+from ckpt_core._memory.param_layout import ParamLayout, matches_target
 from ckpt_core._memory.peak import Recipe
 from ckpt_core._memory.sharding import per_gpu_memory
 from ckpt_core._memory.workspace import blas_workspace_bytes
@@ -138,9 +138,13 @@ def prepare(facts: Facts, workload: Workload, gpu: str | None = None) -> Run:
         fp32_linears=fp32_linears,
     )
     # Per GPU of the data-parallel group (the unsharded totals ride along): issue 17.
-    keep = family_of(arch).keep_in_fp32
     replica = static_memory(
-        layout, workload, lora_parameters, keep_in_fp32=keep, idle_adapters=sum(idle_adapters)
+        layout,
+        workload,
+        lora_parameters,
+        keep_in_fp32=family_of(arch).keep_in_fp32,
+        fp32_linears=fp32_linears,
+        idle_adapters=sum(idle_adapters),
     )
     static = per_gpu_memory(replica, arch, layout, workload)
     recipe = recipe_for(
@@ -186,7 +190,7 @@ def _lora_targets(layout: ParamLayout, workload: Workload) -> frozenset[str]:
         return frozenset(names)
     chosen: set[str] = set()
     for target in workload.lora_targets:
-        matched = [n for n in names if _suffix_match(n, target)]
+        matched = [n for n in names if matches_target(n, target)]
         if not matched:
             raise InvalidWorkloadError(
                 f"lora target {target!r} matches no linear layer of this model; its block "
@@ -206,7 +210,7 @@ def _idle_adapters(layout: ParamLayout, workload: Workload) -> tuple[int, ...]:
     matched = [
         linear
         for linear in layout.idle_linears
-        if any(_suffix_match(linear.name, t) for t in workload.lora_targets)
+        if any(matches_target(linear.name, t) for t in workload.lora_targets)
     ]
     per_layer = [linear for linear in matched if linear.count > 1]
     layers = max((linear.count for linear in per_layer), default=0)
@@ -214,11 +218,6 @@ def _idle_adapters(layout: ParamLayout, workload: Workload) -> tuple[int, ...]:
     order = [linear for _ in range(layers) for linear in per_layer] + once
     rank = workload.lora_rank
     return tuple(rank * size for linear in order for size in (linear.fan_in, linear.fan_out))
-
-
-def _suffix_match(name: str, target: str) -> bool:
-    """PEFT's ``target_modules`` match: the module name, or a dotted suffix of it."""
-    return name == target or name.endswith("." + target)
 
 
 def _attention(arch: Arch, requested: str) -> tuple[str, str]:

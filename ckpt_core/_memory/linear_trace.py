@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ckpt_core._memory.autograd_sim import Sim
+from ckpt_core._memory.param_layout import matches_target
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,9 +45,7 @@ class TraceRecipe:
 
 
 def adapted(recipe: TraceRecipe, name: str) -> bool:
-    return any(name == target or name.endswith("." + target) for target in recipe.adapted) or (
-        name in recipe.adapted
-    )
+    return any(matches_target(name, target) for target in recipe.adapted)
 
 
 def linear(sim: Sim, x: int, name: str, shape: tuple[int, int], recipe: TraceRecipe) -> int:

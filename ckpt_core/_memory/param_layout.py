@@ -71,6 +71,11 @@ class ParamLayout:
         return self.total - self.idle
 
 
+def matches_target(name: str, target: str) -> bool:
+    """PEFT's ``target_modules`` match: the module name, or a dotted suffix of it."""
+    return name == target or name.endswith("." + target)
+
+
 def embedding_parameters(arch: Arch) -> int:
     """Input embeddings plus an untied LM head."""
     return arch.vocab * arch.hidden * (1 if arch.tied else 2)

@@ -26,6 +26,7 @@ import functools
 
 from ckpt_core._memory.activations import Assignment, largest_block, mode_counts
 from ckpt_core._memory.arch import Arch
+from ckpt_core._memory.attention import eager_softmax_bytes
 from ckpt_core._memory.families import family_of
 from ckpt_core._memory.ledger import Step
 
@@ -65,7 +66,6 @@ def widest_gradients(arch: Arch, step: Step) -> int:
     if arch.is_moe:
         widest = max(widest, 2 * elem_bytes * tokens * arch.top_k * arch.moe_intermediate)
     if step.attention == "eager":  # the softmax's output and its input's gradient
-        softmax_bytes = elem_bytes if arch.softmax_in_dtype else 4
         scores = step.batch * arch.heads * step.seq * step.seq
-        widest = max(widest, (softmax_bytes + elem_bytes) * scores)
+        widest = max(widest, (eager_softmax_bytes(arch, elem_bytes) + elem_bytes) * scores)
     return widest + 2 * elem_bytes * tokens * arch.hidden
