@@ -115,3 +115,13 @@ MINISTRAL3: Final = (
         },
     ),
 )
+
+# Ministral (8B, 2024) on Llama 3.2 1B's sizes: Qwen2's layer without biases, every layer
+# sliding, a window short enough for sdpa to need a mask at seq 1024; it makes the full
+# mask too, which no layer reads.
+MINISTRAL: Final = (
+    ("model_type", "ministral"),
+    ("architectures", ["MinistralForCausalLM"]),
+    ("sliding_window", 512),
+    ("rope_scaling", None),
+)

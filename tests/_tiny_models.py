@@ -120,6 +120,9 @@ _SPECS: dict[str, _Spec] = {
     ),
     "phi3": _Spec("Phi3Config", "Phi3ForCausalLM", _DECODER),
     "ministral3": _Spec("Ministral3Config", "Ministral3ForCausalLM", _DECODER),
+    "ministral": _Spec(
+        "MinistralConfig", "MinistralForCausalLM", {**_DECODER, "head_dim": 8, "sliding_window": 4}
+    ),
     "olmo3": _Spec(
         "Olmo3Config",
         "Olmo3ForCausalLM",

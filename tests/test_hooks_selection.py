@@ -30,6 +30,7 @@ STACKS: dict[str, dict[str, tuple[str, ...]]] = {
     "phi3": _DECODER,
     "olmo3": _DECODER,
     "ministral3": _DECODER,
+    "ministral": _DECODER,
     "gpt2": {"transformer.h": ("attn",)},
     "gpt_neox": {"gpt_neox.layers": ("attention",)},
     "falcon": {"transformer.h": ("self_attention",)},

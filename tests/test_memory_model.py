@@ -24,7 +24,15 @@ from ckpt_core._memory.flops import recompute_ratio
 from ckpt_core._memory.inputs import Run, model_facts, parse_workload, prepare
 from ckpt_core._memory.ledger import Step
 from ckpt_core._meta.measure import measure_activation_bytes
-from tests._model_configs import GRANITE, MINISTRAL3, MISTRAL3, MT5_BASE, OLMO3, SMOLLM3
+from tests._model_configs import (
+    GRANITE,
+    MINISTRAL,
+    MINISTRAL3,
+    MISTRAL3,
+    MT5_BASE,
+    OLMO3,
+    SMOLLM3,
+)
 from tests._tiny_models import tiny_model
 
 TIERS = ("off", "selective", "medium", "full")
@@ -269,7 +277,7 @@ CONFIGS = {
     "mistral3": MISTRAL3,
     **{
         dict(overrides)["model_type"]: {**load_preset("llama-3.2-1b"), **dict(overrides)}
-        for overrides in (GRANITE, SMOLLM3, OLMO3, MINISTRAL3)
+        for overrides in (GRANITE, SMOLLM3, OLMO3, MINISTRAL3, MINISTRAL)
     },
 }
 
@@ -287,7 +295,8 @@ def test_a_model_type_without_a_preset_is_estimated_as_measured(
     Mistral's text model behind a Pixtral tower and projector that text-only training
     never runs (their parameters counted, nothing kept), its LM head tied or not by the
     top-level config; Ministral 3 scales the rotated q, whose product replaces it and
-    whose backward keeps the scale."""
+    whose backward keeps the scale; Ministral's full-attention mask, made though every
+    layer slides, is read by no layer, so nothing keeps it."""
     model_input = {"config": CONFIGS[name]}
     model = build_meta_model(load_model_config(model_input), attention=attention)
     facts = model_facts(model_input)
@@ -464,6 +473,16 @@ def test_a_mistral3_the_estimate_does_not_describe_is_a_config_error(
     assert raised.value.field == field
 
 
+def test_a_ministral_config_without_head_dim_is_a_config_error() -> None:
+    """MinistralAttention reads ``config.head_dim`` as it is, with no fallback: such a
+    config does not build, so the estimate names the field rather than guess."""
+    config = {**load_preset("llama-3.2-1b"), **dict(MINISTRAL)}
+    del config["head_dim"]
+    with pytest.raises(ModelConfigError) as raised:
+        make_plan("auto", gpu="A100-80GB", model={"config": config}, workload={"seq_len": 64})
+    assert raised.value.field == "model.config.head_dim"
+
+
 def test_a_valid_sliding_window_is_estimated() -> None:
     config = {**load_preset("llama-3.2-1b"), "sliding_window": 32}
     plan = make_plan("auto", gpu="A100-80GB", model={"config": config}, workload={"seq_len": 64})
@@ -478,6 +497,7 @@ def test_a_valid_sliding_window_is_estimated() -> None:
         ("smollm3", 0.0),
         ("olmo3", 0.0),
         ("ministral3", 0.0),
+        ("ministral", 0.0),
         ("gemma2", 0.0),
         ("gpt2", 0.1),
         ("bert", 0.1),

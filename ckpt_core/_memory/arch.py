@@ -90,6 +90,8 @@ class Arch:
     scalar_multipliers: bool = False
     sliding_window: int | None = None
     sliding_layers: tuple[bool, ...] = ()
+    # The model makes the full and the sliding mask whatever its layers read (Ministral).
+    both_masks: bool = False
     moe_layers: tuple[bool, ...] = ()
     experts: int = 0
     top_k: int = 0

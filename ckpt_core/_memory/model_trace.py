@@ -32,6 +32,8 @@ class Inputs:
     read them).  ``leaf``: the adapters' leaf when it is not ``hidden`` (Granite
     scales the embedding's output after the input-grad hook made it a leaf); its
     reference passes to the step, whose AccumulateGrad node holds it.
+    ``unread``: masks the model makes that no layer reads (Ministral's full one):
+    they die as the model's forward returns.
     """
 
     hidden: int
@@ -40,6 +42,7 @@ class Inputs:
     forward_held: tuple[int, ...] = ()
     sliding_mask: int | None = None
     leaf: int | None = None
+    unread: tuple[int, ...] = ()
 
     def layer_mask(self, arch: Arch, index: int) -> int | None:
         """The mask layer ``index`` reads: its kind's."""
@@ -82,10 +85,11 @@ def llama_prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) -> 
 
     One mask per kind of layer the model has (full attention, sliding window:
     Mistral and Phi-3 slide on every layer, Qwen2 with ``use_sliding_window`` on
-    some).  Eager: a float mask per sample.  sdpa: the full-attention layers' is
-    none, but a boolean one for a padded batch (``create_causal_mask``); the
-    sliding layers' is a boolean one once the window is no longer than the
-    sequence, or for a padded batch (``create_sliding_window_causal_mask``).
+    some), or both kinds (`Arch.both_masks`).  Eager: a float mask per sample.
+    sdpa: the full-attention layers' is none, but a boolean one for a padded
+    batch (``create_causal_mask``); the sliding layers' is a boolean one once the
+    window is no longer than the sequence, or for a padded batch
+    (``create_sliding_window_causal_mask``).
     """
     hidden, leaf = embedding(sim, arch, recipe), None
     if arch.scalar_multipliers:  # GraniteModel: `inputs_embeds * self.embedding_multiplier`
@@ -95,14 +99,16 @@ def llama_prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) -> 
             sim.drop(lookup)
         else:
             leaf = lookup
-    kinds = set(arch.sliding_layers) or {False}  # families without the field: full only
+    # The kinds of layer (sliding or not) there are; families without the field: full only.
+    read = set(arch.sliding_layers) or {False}
+    kinds = {False, True} if arch.both_masks else read  # Ministral makes both in any case
     if recipe.attention == "eager":
         if recipe.padded:
             full = eager_mask(sim, recipe, causal_mask(sim, recipe))
         else:
             full = sim.new(recipe.act * recipe.batch * recipe.seq * recipe.seq)
         sliding = sliding_mask(sim, recipe) if kinds == {False, True} else full
-        held, forward_held = tuple(dict.fromkeys((full, sliding))), ()
+        held = ()
     else:  # flash reads the 2-D padding mask and its window as they are: no mask made
         held, full, sliding = (sim.new(4),), None, None
         sdpa = recipe.attention == "fused"
@@ -110,10 +116,13 @@ def llama_prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) -> 
             full = causal_mask(sim, recipe)
         if sdpa and True in kinds and (window_masked(arch, recipe) or recipe.padded):
             sliding = sliding_mask(sim, recipe)
-        forward_held = tuple(mask for mask in (full, sliding) if mask is not None)
+    masks = {kind: mask for kind, mask in ((False, full), (True, sliding)) if mask is not None}
+    # A mask no layer reads is referenced by the model's forward only: it dies as that returns.
+    forward_held = tuple(dict.fromkeys(mask for kind, mask in masks.items() if kind in read))
+    unread = tuple(mask for mask in masks.values() if mask not in forward_held)
     if workspace:  # the rotary embedding's `inv_freq @ position_ids`: the first cuBLAS call
         sim.new(workspace)
-    return Inputs(hidden, full, held, forward_held, sliding_mask=sliding, leaf=leaf)
+    return Inputs(hidden, full, held, forward_held, sliding_mask=sliding, leaf=leaf, unread=unread)
 
 
 def _llama_layer(

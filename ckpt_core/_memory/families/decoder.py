@@ -87,7 +87,10 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         layers=layers,
         heads=heads,
         kv_heads=read_int(config, "num_key_value_heads", default=heads),
-        head_dim=read_int(config, "head_dim", default=hidden // heads),
+        # MinistralAttention reads head_dim as set: a config without it does not build.
+        head_dim=read_int(
+            config, "head_dim", default=None if model_type == "ministral" else hidden // heads
+        ),
         intermediate=read_int(config, "intermediate_size"),
         vocab=read_int(config, "vocab_size"),
         tied=bool(getattr(config, "tie_word_embeddings", False)),
@@ -107,8 +110,9 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         scalar_multipliers=model_type == "granite",
         nope_layers=tuple(not use for use in getattr(config, "no_rope_layers", None) or ()),
         query_scaling=getattr(config, "model_type", model_type) == "ministral3",
-        sliding_window=window if any(sliding) else None,
+        sliding_window=window if any(sliding) or model_type == "ministral" else None,
         sliding_layers=sliding,
+        both_masks=model_type == "ministral",
         moe_layers=moe_layers,
         experts=experts if any(moe_layers) else 0,
         top_k=read_int(config, "num_experts_per_tok", default=0) if any(moe_layers) else 0,
@@ -374,6 +378,7 @@ FAMILY = Family(
         "gemma3_text",
         "gemma3",
         "mistral3",
+        "ministral",
         "ministral3",
     ),
     read_arch=_read_arch,
