@@ -125,3 +125,14 @@ MINISTRAL: Final = (
     ("sliding_window", 512),
     ("rope_scaling", None),
 )
+
+# EXAONE 4 on Llama 3.2 1B's sizes: post-norms, q / k norms per head, three sliding
+# layers of four (its default pattern) with a window short enough for sdpa to need a
+# mask at seq 1024, and no RoPE on the global layers.
+EXAONE4: Final = (
+    ("model_type", "exaone4"),
+    ("architectures", ["Exaone4ForCausalLM"]),
+    ("sliding_window", 512),
+    ("sliding_window_pattern", 4),
+    ("rope_scaling", None),
+)

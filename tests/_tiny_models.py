@@ -123,6 +123,11 @@ _SPECS: dict[str, _Spec] = {
     "ministral": _Spec(
         "MinistralConfig", "MinistralForCausalLM", {**_DECODER, "head_dim": 8, "sliding_window": 4}
     ),
+    "exaone4": _Spec(
+        "Exaone4Config",
+        "Exaone4ForCausalLM",
+        {**_DECODER, "sliding_window": 4, "sliding_window_pattern": 2},
+    ),
     "olmo3": _Spec(
         "Olmo3Config",
         "Olmo3ForCausalLM",

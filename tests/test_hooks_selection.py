@@ -31,6 +31,7 @@ STACKS: dict[str, dict[str, tuple[str, ...]]] = {
     "olmo3": _DECODER,
     "ministral3": _DECODER,
     "ministral": _DECODER,
+    "exaone4": _DECODER,
     "gpt2": {"transformer.h": ("attn",)},
     "gpt_neox": {"gpt_neox.layers": ("attention",)},
     "falcon": {"transformer.h": ("self_attention",)},

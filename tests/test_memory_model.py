@@ -25,6 +25,7 @@ from ckpt_core._memory.inputs import Run, model_facts, parse_workload, prepare
 from ckpt_core._memory.ledger import Step
 from ckpt_core._meta.measure import measure_activation_bytes
 from tests._model_configs import (
+    EXAONE4,
     GRANITE,
     MINISTRAL,
     MINISTRAL3,
@@ -277,7 +278,7 @@ CONFIGS = {
     "mistral3": MISTRAL3,
     **{
         dict(overrides)["model_type"]: {**load_preset("llama-3.2-1b"), **dict(overrides)}
-        for overrides in (GRANITE, SMOLLM3, OLMO3, MINISTRAL3, MINISTRAL)
+        for overrides in (GRANITE, SMOLLM3, OLMO3, MINISTRAL3, MINISTRAL, EXAONE4)
     },
 }
 
@@ -296,7 +297,8 @@ def test_a_model_type_without_a_preset_is_estimated_as_measured(
     never runs (their parameters counted, nothing kept), its LM head tied or not by the
     top-level config; Ministral 3 scales the rotated q, whose product replaces it and
     whose backward keeps the scale; Ministral's full-attention mask, made though every
-    layer slides, is read by no layer, so nothing keeps it."""
+    layer slides, is read by no layer, so nothing keeps it; EXAONE 4's global layers
+    use no positions and keep q and k as normed, the same bytes."""
     model_input = {"config": CONFIGS[name]}
     model = build_meta_model(load_model_config(model_input), attention=attention)
     facts = model_facts(model_input)
@@ -498,6 +500,7 @@ def test_a_valid_sliding_window_is_estimated() -> None:
         ("olmo3", 0.0),
         ("ministral3", 0.0),
         ("ministral", 0.0),
+        ("exaone4", 0.0),
         ("gemma2", 0.0),
         ("gpt2", 0.1),
         ("bert", 0.1),

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from bench.op_order import Case, estimate, record, replay, with_workspaces
-from tests._model_configs import GRANITE, MINISTRAL, MINISTRAL3, OLMO3, SMOLLM3
+from tests._model_configs import EXAONE4, GRANITE, MINISTRAL, MINISTRAL3, OLMO3, SMOLLM3
 
 # Qwen2 with use_sliding_window: layers from max_window_layers on slide, the others do not.
 QWEN2_SLIDING = (("use_sliding_window", True), ("sliding_window", 512), ("max_window_layers", 12))
@@ -31,6 +31,7 @@ QWEN2_SLIDING = (("use_sliding_window", True), ("sliding_window", 512), ("max_wi
         Case("llama-3.2-1b", "full", "bf16", "sdpa", "medium", 2, 1024, overrides=OLMO3),
         Case("llama-3.2-1b", "lora", "bf16", "eager", "full", 2, 1024, overrides=MINISTRAL3),
         Case("llama-3.2-1b", "lora", "bf16", "eager", "off", 2, 1024, overrides=MINISTRAL),
+        Case("llama-3.2-1b", "lora", "bf16", "sdpa", "selective", 2, 1024, overrides=EXAONE4),
     ],
     ids=lambda case: (
         f"{case.preset}-{case.method}-{case.attention}-{case.tier}-s{case.seq}"
@@ -52,7 +53,8 @@ def test_the_replay_allocates_what_the_real_op_order_does(case: Case) -> None:
     OLMo-3's sliding layers (OLMo-2's layer, a mask of their own) among full ones;
     Ministral 3's scaled q; Ministral's full-attention mask, made though no layer reads
     it, and eager's masks, which nothing keeps without a checkpoint, dying with the
-    model's forward."""
+    model's forward; EXAONE 4's post-norms, q / k norms after the three projections and
+    global layers without RoPE."""
     allocated, reserved, workspace = estimate(case)
     real_allocated, real_reserved = replay(with_workspaces(record(case), workspace))
     assert allocated == pytest.approx(real_allocated, rel=0.002)

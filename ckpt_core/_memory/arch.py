@@ -81,7 +81,8 @@ class Arch:
     # fp32 copy of the scores as Llama-style models' does.
     softmax_in_dtype: bool = False
     final_softcap: bool = False
-    nope_layers: tuple[bool, ...] = ()  # layers that apply no RoPE (SmolLM3's every fourth)
+    # Layers that apply no RoPE (SmolLM3's every fourth, EXAONE 4's global ones).
+    nope_layers: tuple[bool, ...] = ()
     # Ministral 3 multiplies the rotated q by a per-position scale (Llama 4's attention
     # temperature): a q-sized product, whose backward keeps the scale.
     query_scaling: bool = False
@@ -90,7 +91,8 @@ class Arch:
     scalar_multipliers: bool = False
     sliding_window: int | None = None
     sliding_layers: tuple[bool, ...] = ()
-    # The model makes the full and the sliding mask whatever its layers read (Ministral).
+    # The model makes the full and the sliding mask whatever its layers read (Ministral;
+    # EXAONE 4 once a layer slides).
     both_masks: bool = False
     moe_layers: tuple[bool, ...] = ()
     experts: int = 0

@@ -14,9 +14,10 @@ q / k / v / o and the MLP projections with their LoRA adapters, RoPE, eager
 attention's scores and fp32 softmax or a fused kernel, SwiGLU), so the
 reserved pool (`CachingAllocator`) follows from the mechanism.  Gemma 2,
 Gemma 3 (`gemma_trace`: sandwich norms, Gemma 3's q / k norms, scaled
-embeddings, sliding-window masks, logit softcapping) and OLMo-2
-(`olmo2_trace`: post-norms, full-width q / k norms, fp32 RoPE) are replayed as
-their own forward; the model's family chooses (`Family.trace`), and other
+embeddings, sliding-window masks, logit softcapping), OLMo-2
+(`olmo2_trace`: post-norms, full-width q / k norms, fp32 RoPE) and EXAONE 4
+(`exaone4_trace`: post-norms, q / k norms per head, no RoPE on global layers)
+are replayed as their own forward; the model's family chooses (`Family.trace`), and other
 families are replayed with the Llama block at their sizes.  Parameters a
 text-only step never runs (Gemma 3's vision tower) are loaded and never
 trained (`Family.idle_tensors`).

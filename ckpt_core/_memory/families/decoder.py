@@ -1,4 +1,5 @@
-"""The decoder family: Llama, Mistral, Mixtral, Qwen2/3 (+ MoE), Phi-3, OLMo-2, Gemma 2/3.
+"""The decoder family: Llama, Mistral, Mixtral, Qwen2/3 (+ MoE), Phi-3, OLMo-2, Gemma 2/3,
+EXAONE 4 and their kin.
 
 Everything the memory model knows about these models, in one place: how their
 configs read, where their parameters are, what each op of their forward keeps
@@ -28,6 +29,7 @@ from ckpt_core._memory.costs import (
     dense_mlp_flops,
     lm_head_flops,
 )
+from ckpt_core._memory.exaone4_trace import EXAONE4
 from ckpt_core._memory.families.vision import (
     MULTIMODAL,
     read_vision,
@@ -79,6 +81,7 @@ def _text_arch(config: Any, model_type: str) -> Arch:
     experts = read_int(config, "num_local_experts", "num_experts", default=0)
     moe_layers = _moe_layers(config, layers) if experts > 1 else (False,) * layers
     olmo = model_type in ("olmo2", "olmo3")  # OLMo-3 is OLMo-2's layer with sliding layers
+    post_norms = olmo or model_type == "exaone4"  # EXAONE 4: OLMo-2's layout, Llama's norm
     norm = "rms_gemma" if gemma else "rms_olmo" if olmo else "rms"
     return Arch(
         model_type=model_type,
@@ -101,18 +104,20 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         qkv_bias=model_type == "qwen2" or bool(getattr(config, "attention_bias", False)),
         norm=norm,
         qk_norm=_qk_norm(model_type),
-        sandwich="gemma" if gemma else "olmo2" if olmo else "",
+        sandwich="gemma" if gemma else "olmo2" if post_norms else "",
         rope_fp32=olmo,
         rope_per_kind=model_type in ("gemma3_text", "gemma3", "olmo3"),
         rope_concat=model_type == "phi3",
         attn_softcap=bool(getattr(config, "attn_logit_softcapping", None)),
         final_softcap=bool(getattr(config, "final_logit_softcapping", None)),
         scalar_multipliers=model_type == "granite",
-        nope_layers=tuple(not use for use in getattr(config, "no_rope_layers", None) or ()),
+        nope_layers=_nope_layers(config, model_type, window, sliding),
         query_scaling=getattr(config, "model_type", model_type) == "ministral3",
         sliding_window=window if any(sliding) or model_type == "ministral" else None,
         sliding_layers=sliding,
-        both_masks=model_type == "ministral",
+        # Ministral makes both whatever; EXAONE 4 the full one whatever, the sliding one
+        # when a layer slides.
+        both_masks=model_type == "ministral" or (model_type == "exaone4" and any(sliding)),
         moe_layers=moe_layers,
         experts=experts if any(moe_layers) else 0,
         top_k=read_int(config, "num_experts_per_tok", default=0) if any(moe_layers) else 0,
@@ -134,10 +139,20 @@ def _moe_layers(config: Any, layers: int) -> tuple[bool, ...]:
     return tuple(i not in dense and (i + 1) % step == 0 for i in range(layers))
 
 
+def _nope_layers(
+    config: Any, model_type: str, window: int | None, sliding: tuple[bool, ...]
+) -> tuple[bool, ...]:
+    """Layers that apply no RoPE: SmolLM3's by ``no_rope_layers``; EXAONE 4's global
+    layers once the model has a sliding window."""
+    if model_type == "exaone4":
+        return tuple(window is not None and not slides for slides in sliding)
+    return tuple(not use for use in getattr(config, "no_rope_layers", None) or ())
+
+
 def _qk_norm(model_type: str) -> str:
-    """Qwen3 and Gemma 3 normalize q and k per head; OLMo-2 and OLMo-3 over the whole
-    projections."""
-    if model_type in ("qwen3", "qwen3_moe", "gemma3_text", "gemma3"):
+    """Qwen3, Gemma 3 and EXAONE 4 normalize q and k per head; OLMo-2 and OLMo-3 over
+    the whole projections."""
+    if model_type in ("qwen3", "qwen3_moe", "gemma3_text", "gemma3", "exaone4"):
         return "head"
     return "full" if model_type in ("olmo2", "olmo3") else ""
 
@@ -344,14 +359,15 @@ _TRACES: dict[str, TraceModel] = {
     "gemma3": GEMMA3,
     "olmo2": OLMO2,
     "olmo3": OLMO2,
+    "exaone4": EXAONE4,
 }
 
 
 def _trace(arch: Arch) -> TraceModel:
-    """Gemma 2's, Gemma 3's and OLMo-2's layers (sandwich or post-norms, q / k norms,
-    sliding masks, logit softcapping, fp32 RoPE) are replayed as their own (OLMo-3
-    runs OLMo-2's, its sliding layers reading their mask); every other decoder as
-    Llama's block at its sizes."""
+    """Gemma 2's, Gemma 3's, OLMo-2's and EXAONE 4's layers (sandwich or post-norms,
+    q / k norms, sliding masks, logit softcapping, fp32 RoPE) are replayed as their
+    own (OLMo-3 runs OLMo-2's, its sliding layers reading their mask); every other
+    decoder as Llama's block at its sizes."""
     return _TRACES.get(arch.model_type, LLAMA)
 
 
@@ -374,6 +390,7 @@ FAMILY = Family(
         "phi3",
         "olmo2",
         "olmo3",
+        "exaone4",
         "gemma2",
         "gemma3_text",
         "gemma3",
