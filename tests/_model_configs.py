@@ -136,3 +136,14 @@ EXAONE4: Final = (
     ("sliding_window_pattern", 4),
     ("rope_scaling", None),
 )
+
+# GLM-4 on Llama 3.2 1B's sizes: four sandwich norms, biased q / k / v, fused gate / up,
+# RoPE on half of each head from interleaved copies of cos / sin in every layer.
+GLM4: Final = (
+    ("model_type", "glm4"),
+    ("architectures", ["Glm4ForCausalLM"]),
+    ("attention_bias", True),
+    ("partial_rotary_factor", 0.5),
+    ("rope_scaling", None),
+    ("pad_token_id", 0),  # GLM-4's default is beyond Llama's vocabulary
+)

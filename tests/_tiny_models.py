@@ -128,6 +128,7 @@ _SPECS: dict[str, _Spec] = {
         "Exaone4ForCausalLM",
         {**_DECODER, "sliding_window": 4, "sliding_window_pattern": 2},
     ),
+    "glm4": _Spec("Glm4Config", "Glm4ForCausalLM", {**_DECODER, "head_dim": 8}),
     "olmo3": _Spec(
         "Olmo3Config",
         "Olmo3ForCausalLM",

@@ -26,6 +26,7 @@ from ckpt_core._memory.ledger import Step
 from ckpt_core._meta.measure import measure_activation_bytes
 from tests._model_configs import (
     EXAONE4,
+    GLM4,
     GRANITE,
     MINISTRAL,
     MINISTRAL3,
@@ -278,7 +279,7 @@ CONFIGS = {
     "mistral3": MISTRAL3,
     **{
         dict(overrides)["model_type"]: {**load_preset("llama-3.2-1b"), **dict(overrides)}
-        for overrides in (GRANITE, SMOLLM3, OLMO3, MINISTRAL3, MINISTRAL, EXAONE4)
+        for overrides in (GRANITE, SMOLLM3, OLMO3, MINISTRAL3, MINISTRAL, EXAONE4, GLM4)
     },
 }
 
@@ -298,7 +299,8 @@ def test_a_model_type_without_a_preset_is_estimated_as_measured(
     top-level config; Ministral 3 scales the rotated q, whose product replaces it and
     whose backward keeps the scale; Ministral's full-attention mask, made though every
     layer slides, is read by no layer, so nothing keeps it; EXAONE 4's global layers
-    use no positions and keep q and k as normed, the same bytes."""
+    use no positions and keep q and k as normed, the same bytes; GLM-4's RoPE products
+    keep its layer's own interleaved copies of half of cos and sin."""
     model_input = {"config": CONFIGS[name]}
     model = build_meta_model(load_model_config(model_input), attention=attention)
     facts = model_facts(model_input)
@@ -475,6 +477,29 @@ def test_a_mistral3_the_estimate_does_not_describe_is_a_config_error(
     assert raised.value.field == field
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_a_partial_rotary_factor_shrinks_the_kept_tables(attention: str) -> None:
+    """Phi-4-mini rotates 3/4 of each head: its cos / sin tables are that wide (they were
+    counted a whole head wide, 96 KiB too many at this shape)."""
+    model_input = {"config": {**load_preset("phi-3-mini"), "partial_rotary_factor": 0.75}}
+    model = build_meta_model(load_model_config(model_input), attention=attention)
+    facts = model_facts(model_input)
+    assert facts.arch.rope_dim == 72
+    shape = {"seq_len": 1024, "micro_batch_size": 2, "attention": attention}
+    run = prepare(facts, parse_workload(shape))
+    for tier in ("off", "full"):
+        measured = measure_activation_bytes(model, tier, **shape)
+        assert activation_bytes(facts.arch, run.step, tier) == measured, tier
+
+
+@pytest.mark.parametrize("factor", [0, 1.5, "half", True])
+def test_a_partial_rotary_factor_outside_0_1_is_a_config_error(factor: object) -> None:
+    config = {**load_preset("llama-3.2-1b"), **dict(GLM4), "partial_rotary_factor": factor}
+    with pytest.raises(ModelConfigError) as raised:
+        make_plan("auto", gpu="A100-80GB", model={"config": config}, workload={"seq_len": 64})
+    assert "partial_rotary_factor" in (raised.value.field or "")
+
+
 def test_a_ministral_config_without_head_dim_is_a_config_error() -> None:
     """MinistralAttention reads ``config.head_dim`` as it is, with no fallback: such a
     config does not build, so the estimate names the field rather than guess."""
@@ -501,6 +526,7 @@ def test_a_valid_sliding_window_is_estimated() -> None:
         ("ministral3", 0.0),
         ("ministral", 0.0),
         ("exaone4", 0.0),
+        ("glm4", 0.0),
         ("gemma2", 0.0),
         ("gpt2", 0.1),
         ("bert", 0.1),

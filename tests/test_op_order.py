@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from bench.op_order import Case, estimate, record, replay, with_workspaces
-from tests._model_configs import EXAONE4, GRANITE, MINISTRAL, MINISTRAL3, OLMO3, SMOLLM3
+from tests._model_configs import EXAONE4, GLM4, GRANITE, MINISTRAL, MINISTRAL3, OLMO3, SMOLLM3
 
 # Qwen2 with use_sliding_window: layers from max_window_layers on slide, the others do not.
 QWEN2_SLIDING = (("use_sliding_window", True), ("sliding_window", 512), ("max_window_layers", 12))
@@ -32,6 +32,7 @@ QWEN2_SLIDING = (("use_sliding_window", True), ("sliding_window", 512), ("max_wi
         Case("llama-3.2-1b", "lora", "bf16", "eager", "full", 2, 1024, overrides=MINISTRAL3),
         Case("llama-3.2-1b", "lora", "bf16", "eager", "off", 2, 1024, overrides=MINISTRAL),
         Case("llama-3.2-1b", "lora", "bf16", "sdpa", "selective", 2, 1024, overrides=EXAONE4),
+        Case("llama-3.2-1b", "full", "bf16", "sdpa", "medium", 2, 1024, overrides=GLM4),
     ],
     ids=lambda case: (
         f"{case.preset}-{case.method}-{case.attention}-{case.tier}-s{case.seq}"
@@ -54,7 +55,8 @@ def test_the_replay_allocates_what_the_real_op_order_does(case: Case) -> None:
     Ministral 3's scaled q; Ministral's full-attention mask, made though no layer reads
     it, and eager's masks, which nothing keeps without a checkpoint, dying with the
     model's forward; EXAONE 4's post-norms, q / k norms after the three projections and
-    global layers without RoPE."""
+    global layers without RoPE; GLM-4's sandwich norms and its RoPE on half of each
+    head from each layer's interleaved copies of cos and sin."""
     allocated, reserved, workspace = estimate(case)
     real_allocated, real_reserved = replay(with_workspaces(record(case), workspace))
     assert allocated == pytest.approx(real_allocated, rel=0.002)

@@ -74,8 +74,11 @@ class Arch:
     # Sliding and full layers read rotary tables of their own (Gemma 3, OLMo-3).
     rope_per_kind: bool = False
     # apply_rotary_pos_emb rotates a leading slice of each head and concatenates the rest
-    # back (Phi-3, even when the slice is the whole head): one more copy of q and of k.
+    # back (Phi-3, even when the slice is the whole head; GLM-4): one more copy of q and k.
     rope_concat: bool = False
+    rotary_dim: int = 0  # the slice RoPE rotates (``partial_rotary_factor``); 0: the head
+    # GLM-4 interleaves half of cos / sin into copies in every layer, which its products keep.
+    rope_interleaved: bool = False
     attn_softcap: bool = False
     # Eager attention's softmax runs in the dtype (GPT-2, BERT, Falcon, T5), not on an
     # fp32 copy of the scores as Llama-style models' does.
@@ -124,6 +127,11 @@ class Arch:
     @property
     def is_moe(self) -> bool:
         return any(self.moe_layers)
+
+    @property
+    def rope_dim(self) -> int:
+        """The elements of each head that RoPE rotates."""
+        return self.rotary_dim or self.head_dim
 
 
 @dataclass(frozen=True, slots=True)

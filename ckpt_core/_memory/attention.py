@@ -49,11 +49,23 @@ def eager_softmax_bytes(arch: Arch, elem_bytes: int) -> int:
 
 
 def rope_tables(led: Ledger, arch: Arch, step: Step, sliding: bool) -> None:
-    """RoPE multiplies by cos and sin: both kept (shared by every layer)."""
-    elem_bytes, seq = 4 if arch.rope_fp32 else step.dtype_bytes, step.seq
+    """The model's cos and sin tables (shared by every layer), kept by RoPE's products or
+    by a checkpoint, whose recompute reads them."""
+    size = (4 if arch.rope_fp32 else step.dtype_bytes) * step.seq * arch.rope_dim
     rope = "local" if sliding and arch.rope_per_kind else "global"
-    led.keep(f"{GLOBAL}cos.{rope}", elem_bytes * seq * arch.head_dim)
-    led.keep(f"{GLOBAL}sin.{rope}", elem_bytes * seq * arch.head_dim)
+    led.keep(f"{GLOBAL}cos.{rope}", size)
+    led.keep(f"{GLOBAL}sin.{rope}", size)
+
+
+def rope_products(led: Ledger, arch: Arch, step: Step, sliding: bool) -> None:
+    """What RoPE's products keep: the tables, or (GLM-4) the layer's own interleaved
+    copies of them (``cos[..., : d // 2].repeat_interleave(2, dim=-1)``, and sin's)."""
+    if not arch.rope_interleaved:
+        rope_tables(led, arch, step, sliding)
+        return
+    size = step.dtype_bytes * step.seq * arch.rope_dim
+    led.keep("rope.cos", size)
+    led.keep("rope.sin", size)
 
 
 def attention_core(

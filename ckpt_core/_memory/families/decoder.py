@@ -1,11 +1,12 @@
 """The decoder family: Llama, Mistral, Mixtral, Qwen2/3 (+ MoE), Phi-3, OLMo-2, Gemma 2/3,
-EXAONE 4 and their kin.
+GLM-4, EXAONE 4 and their kin.
 
-Everything the memory model knows about these models, in one place: how their
-configs read, where their parameters are, what each op of their forward keeps
-(RMS norms, rotary attention with GQA, sliding windows, sandwich norms, q/k
-norms, gated MLPs, top-k routed experts), and their FLOPs.  Gemma 3's vision
-tower adds weights only: text-only training never runs it.
+What the memory model knows about these models once their config is read
+(`ckpt_core._memory.families.decoder_config`): where their parameters are, what
+each op of their forward keeps (RMS norms, rotary attention with GQA, sliding
+windows, sandwich norms, q/k norms, gated MLPs, top-k routed experts), which
+layer the replay runs, and their FLOPs.  Gemma 3's vision tower adds weights
+only: text-only training never runs it.
 
 Pure arithmetic.
 """
@@ -13,16 +14,18 @@ Pure arithmetic.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 from ckpt_core._memory.arch import (
     Arch,
     BlockKind,
-    read_activation,
-    read_int,
-    read_window,
 )
-from ckpt_core._memory.attention import attention_core, mask_bytes, mask_kind, rope_tables
+from ckpt_core._memory.attention import (
+    attention_core,
+    mask_bytes,
+    mask_kind,
+    rope_products,
+    rope_tables,
+)
 from ckpt_core._memory.costs import (
     BlockFlops,
     attention_block_flops,
@@ -30,14 +33,14 @@ from ckpt_core._memory.costs import (
     lm_head_flops,
 )
 from ckpt_core._memory.exaone4_trace import EXAONE4
+from ckpt_core._memory.families.decoder_config import read_arch
 from ckpt_core._memory.families.vision import (
-    MULTIMODAL,
-    read_vision,
     vision_linears,
     vision_tensors,
 )
 from ckpt_core._memory.family import Family, single_stack
 from ckpt_core._memory.gemma_trace import GEMMA2, GEMMA3
+from ckpt_core._memory.glm4_trace import GLM4
 from ckpt_core._memory.ledger import (
     GLOBAL,
     BlockMode,
@@ -51,111 +54,6 @@ from ckpt_core._memory.ledger import (
 from ckpt_core._memory.model_trace import LLAMA, TraceModel
 from ckpt_core._memory.olmo2_trace import OLMO2
 from ckpt_core._memory.param_layout import Linear, ParamLayout, embedding_parameters
-
-# --- reading the config ---------------------------------------------------------------
-
-
-def _read_arch(config: Any, model_type: str) -> Arch:
-    """The text model's facts; Gemma 3 and Mistral 3 (vision + text) add their vision
-    tower's sizes."""
-    if model_type not in MULTIMODAL:
-        return _text_arch(config, model_type)
-    vision = read_vision(config)
-    # The model class ties its LM head by its own (top-level) config, not the text one's.
-    tied = bool(getattr(config, "tie_word_embeddings", False))
-    return replace(_text_arch(config.get_text_config(), model_type), vision=vision, tied=tied)
-
-
-def _text_arch(config: Any, model_type: str) -> Arch:
-    hidden = read_int(config, "hidden_size")
-    heads = read_int(config, "num_attention_heads")
-    layers = read_int(config, "num_hidden_layers")
-    layer_types = tuple(getattr(config, "layer_types", None) or ())
-    gemma = model_type.startswith("gemma")
-    window = read_window(config)
-    # Layers list their attention type; Mistral / Phi-3 slide on every layer when a window is set.
-    if layer_types:
-        sliding = tuple(kind == "sliding_attention" for kind in layer_types)
-    else:
-        sliding = (window is not None,) * layers
-    experts = read_int(config, "num_local_experts", "num_experts", default=0)
-    moe_layers = _moe_layers(config, layers) if experts > 1 else (False,) * layers
-    olmo = model_type in ("olmo2", "olmo3")  # OLMo-3 is OLMo-2's layer with sliding layers
-    post_norms = olmo or model_type == "exaone4"  # EXAONE 4: OLMo-2's layout, Llama's norm
-    norm = "rms_gemma" if gemma else "rms_olmo" if olmo else "rms"
-    return Arch(
-        model_type=model_type,
-        family="decoder",
-        hidden=hidden,
-        layers=layers,
-        heads=heads,
-        kv_heads=read_int(config, "num_key_value_heads", default=heads),
-        # MinistralAttention reads head_dim as set: a config without it does not build.
-        head_dim=read_int(
-            config, "head_dim", default=None if model_type == "ministral" else hidden // heads
-        ),
-        intermediate=read_int(config, "intermediate_size"),
-        vocab=read_int(config, "vocab_size"),
-        tied=bool(getattr(config, "tie_word_embeddings", False)),
-        act=read_activation(config, "hidden_activation", "hidden_act"),
-        glu=True,
-        fused_qkv=model_type == "phi3",
-        fused_gate_up=model_type == "phi3",
-        qkv_bias=model_type == "qwen2" or bool(getattr(config, "attention_bias", False)),
-        norm=norm,
-        qk_norm=_qk_norm(model_type),
-        sandwich="gemma" if gemma else "olmo2" if post_norms else "",
-        rope_fp32=olmo,
-        rope_per_kind=model_type in ("gemma3_text", "gemma3", "olmo3"),
-        rope_concat=model_type == "phi3",
-        attn_softcap=bool(getattr(config, "attn_logit_softcapping", None)),
-        final_softcap=bool(getattr(config, "final_logit_softcapping", None)),
-        scalar_multipliers=model_type == "granite",
-        nope_layers=_nope_layers(config, model_type, window, sliding),
-        query_scaling=getattr(config, "model_type", model_type) == "ministral3",
-        sliding_window=window if any(sliding) or model_type == "ministral" else None,
-        sliding_layers=sliding,
-        # Ministral makes both whatever; EXAONE 4 the full one whatever, the sliding one
-        # when a layer slides.
-        both_masks=model_type == "ministral" or (model_type == "exaone4" and any(sliding)),
-        moe_layers=moe_layers,
-        experts=experts if any(moe_layers) else 0,
-        top_k=read_int(config, "num_experts_per_tok", default=0) if any(moe_layers) else 0,
-        moe_intermediate=read_int(config, "moe_intermediate_size", "intermediate_size")
-        if any(moe_layers)
-        else 0,
-        router_in_dtype=model_type == "qwen3_moe",
-        attn_dropout=float(getattr(config, "attention_dropout", 0.0) or 0.0),
-        hidden_dropout=float(getattr(config, "resid_pdrop", 0.0) or 0.0),
-        embed_dropout=float(getattr(config, "embd_pdrop", 0.0) or 0.0),
-        mlp_bias=bool(getattr(config, "mlp_bias", False)),
-    )
-
-
-def _moe_layers(config: Any, layers: int) -> tuple[bool, ...]:
-    """Which layers route to experts: Qwen-MoE's sparse step and dense-only list."""
-    step = read_int(config, "decoder_sparse_step", default=1)
-    dense = set(getattr(config, "mlp_only_layers", None) or ())
-    return tuple(i not in dense and (i + 1) % step == 0 for i in range(layers))
-
-
-def _nope_layers(
-    config: Any, model_type: str, window: int | None, sliding: tuple[bool, ...]
-) -> tuple[bool, ...]:
-    """Layers that apply no RoPE: SmolLM3's by ``no_rope_layers``; EXAONE 4's global
-    layers once the model has a sliding window."""
-    if model_type == "exaone4":
-        return tuple(window is not None and not slides for slides in sliding)
-    return tuple(not use for use in getattr(config, "no_rope_layers", None) or ())
-
-
-def _qk_norm(model_type: str) -> str:
-    """Qwen3, Gemma 3 and EXAONE 4 normalize q and k per head; OLMo-2 and OLMo-3 over
-    the whole projections."""
-    if model_type in ("qwen3", "qwen3_moe", "gemma3_text", "gemma3", "exaone4"):
-        return "head"
-    return "full" if model_type in ("olmo2", "olmo3") else ""
-
 
 # --- parameters -------------------------------------------------------------------
 
@@ -173,7 +71,7 @@ def _param_layout(arch: Arch) -> ParamLayout:
             Linear("self_attn.v_proj", h, kv, n, arch.qkv_bias),
         ]
     )
-    o_bias = arch.qkv_bias and arch.model_type != "qwen2"  # Qwen2: q/k/v biases only
+    o_bias = arch.qkv_bias and arch.model_type not in ("qwen2", "glm4")  # q/k/v biases only
     attention.append(Linear("self_attn.o_proj", q, h, n, o_bias))
     mlp_bias = arch.mlp_bias
     inter = arch.intermediate
@@ -285,7 +183,7 @@ def _attention(led: Ledger, arch: Arch, step: Step, x: str, sliding: bool) -> No
     elif arch.qk_norm == "full":  # OLMo-2 normalizes the whole projections
         norm(led, step, q_raw, "q_norm", kind=arch.norm, rows=tokens, width=q)
         norm(led, step, k_raw, "k_norm", kind=arch.norm, rows=tokens, width=kv)
-    rope_tables(led, arch, step, sliding)
+    rope_products(led, arch, step, sliding)
     if arch.query_scaling:  # `query_states * scale`: the product replaces the rotated q
         led.keep("q_scale", elem_bytes * step.seq)
     mask = mask_kind(arch, step, sliding)
@@ -360,14 +258,15 @@ _TRACES: dict[str, TraceModel] = {
     "olmo2": OLMO2,
     "olmo3": OLMO2,
     "exaone4": EXAONE4,
+    "glm4": GLM4,
 }
 
 
 def _trace(arch: Arch) -> TraceModel:
-    """Gemma 2's, Gemma 3's, OLMo-2's and EXAONE 4's layers (sandwich or post-norms,
-    q / k norms, sliding masks, logit softcapping, fp32 RoPE) are replayed as their
-    own (OLMo-3 runs OLMo-2's, its sliding layers reading their mask); every other
-    decoder as Llama's block at its sizes."""
+    """Gemma 2's, Gemma 3's, OLMo-2's, EXAONE 4's and GLM-4's layers (sandwich or
+    post-norms, q / k norms, sliding masks, logit softcapping, fp32 or partial RoPE)
+    are replayed as their own (OLMo-3 runs OLMo-2's, its sliding layers reading their
+    mask); every other decoder as Llama's block at its sizes."""
     return _TRACES.get(arch.model_type, LLAMA)
 
 
@@ -391,6 +290,7 @@ FAMILY = Family(
         "olmo2",
         "olmo3",
         "exaone4",
+        "glm4",
         "gemma2",
         "gemma3_text",
         "gemma3",
@@ -398,7 +298,7 @@ FAMILY = Family(
         "ministral",
         "ministral3",
     ),
-    read_arch=_read_arch,
+    read_arch=read_arch,
     param_layout=_param_layout,
     stacks=single_stack,
     block_kind=_block_kind,

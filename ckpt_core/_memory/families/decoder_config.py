@@ -1,0 +1,135 @@
+"""How the decoder family reads its configs: one `Arch` per model.
+
+Llama, Mistral, Mixtral, Qwen2/3 (+ MoE), Phi-3, OLMo-2/3, Gemma 2/3, GLM-4,
+EXAONE 4 and their kin share one reader; what tells them apart (norms,
+sliding layers, RoPE's variants, q / k norms, routed experts) becomes the
+`Arch`'s fields, which `ckpt_core._memory.families.decoder` turns into
+parameters, ledgers and FLOPs.  Pure Python: reads attributes of the config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from ckpt_core._errors import ModelConfigError
+from ckpt_core._memory.arch import Arch, read_activation, read_int, read_window
+from ckpt_core._memory.families.vision import MULTIMODAL, read_vision
+
+
+def read_arch(config: Any, model_type: str) -> Arch:
+    """The text model's facts; Gemma 3 and Mistral 3 (vision + text) add their vision
+    tower's sizes."""
+    if model_type not in MULTIMODAL:
+        return _text_arch(config, model_type)
+    vision = read_vision(config)
+    # The model class ties its LM head by its own (top-level) config, not the text one's.
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    return replace(_text_arch(config.get_text_config(), model_type), vision=vision, tied=tied)
+
+
+def _text_arch(config: Any, model_type: str) -> Arch:
+    hidden = read_int(config, "hidden_size")
+    heads = read_int(config, "num_attention_heads")
+    layers = read_int(config, "num_hidden_layers")
+    layer_types = tuple(getattr(config, "layer_types", None) or ())
+    gemma = model_type.startswith("gemma")
+    glm = model_type == "glm4"  # Gemma's sandwich of norms, Llama's RMSNorm
+    window = read_window(config)
+    # MinistralAttention reads head_dim as set: a config without it does not build.
+    default_head_dim = None if model_type == "ministral" else hidden // heads
+    head_dim = read_int(config, "head_dim", default=default_head_dim)
+    # Layers list their attention type; Mistral / Phi-3 slide on every layer when a window is set.
+    if layer_types:
+        sliding = tuple(kind == "sliding_attention" for kind in layer_types)
+    else:
+        sliding = (window is not None,) * layers
+    experts = read_int(config, "num_local_experts", "num_experts", default=0)
+    moe_layers = _moe_layers(config, layers) if experts > 1 else (False,) * layers
+    olmo = model_type in ("olmo2", "olmo3")  # OLMo-3 is OLMo-2's layer with sliding layers
+    post_norms = olmo or model_type == "exaone4"  # EXAONE 4: OLMo-2's layout, Llama's norm
+    norm = "rms_gemma" if gemma else "rms_olmo" if olmo else "rms"
+    return Arch(
+        model_type=model_type,
+        family="decoder",
+        hidden=hidden,
+        layers=layers,
+        heads=heads,
+        kv_heads=read_int(config, "num_key_value_heads", default=heads),
+        head_dim=head_dim,
+        intermediate=read_int(config, "intermediate_size"),
+        vocab=read_int(config, "vocab_size"),
+        tied=bool(getattr(config, "tie_word_embeddings", False)),
+        act=read_activation(config, "hidden_activation", "hidden_act"),
+        glu=True,
+        fused_qkv=model_type == "phi3",
+        fused_gate_up=model_type in ("phi3", "glm4"),
+        qkv_bias=model_type == "qwen2" or bool(getattr(config, "attention_bias", False)),
+        norm=norm,
+        qk_norm=_qk_norm(model_type),
+        sandwich="gemma" if gemma or glm else "olmo2" if post_norms else "",
+        rope_fp32=olmo,
+        rope_per_kind=model_type in ("gemma3_text", "gemma3", "olmo3"),
+        rope_concat=model_type in ("phi3", "glm4"),
+        rotary_dim=_rotary_dim(config, head_dim),
+        rope_interleaved=glm,
+        attn_softcap=bool(getattr(config, "attn_logit_softcapping", None)),
+        final_softcap=bool(getattr(config, "final_logit_softcapping", None)),
+        scalar_multipliers=model_type == "granite",
+        nope_layers=_nope_layers(config, model_type, window, sliding),
+        query_scaling=getattr(config, "model_type", model_type) == "ministral3",
+        sliding_window=window if any(sliding) or model_type == "ministral" else None,
+        sliding_layers=sliding,
+        # Ministral makes both whatever; EXAONE 4 the full one whatever, the sliding one
+        # when a layer slides.
+        both_masks=model_type == "ministral" or (model_type == "exaone4" and any(sliding)),
+        moe_layers=moe_layers,
+        experts=experts if any(moe_layers) else 0,
+        top_k=read_int(config, "num_experts_per_tok", default=0) if any(moe_layers) else 0,
+        moe_intermediate=read_int(config, "moe_intermediate_size", "intermediate_size")
+        if any(moe_layers)
+        else 0,
+        router_in_dtype=model_type == "qwen3_moe",
+        attn_dropout=float(getattr(config, "attention_dropout", 0.0) or 0.0),
+        hidden_dropout=float(getattr(config, "resid_pdrop", 0.0) or 0.0),
+        embed_dropout=float(getattr(config, "embd_pdrop", 0.0) or 0.0),
+        mlp_bias=bool(getattr(config, "mlp_bias", False)),
+    )
+
+
+def _moe_layers(config: Any, layers: int) -> tuple[bool, ...]:
+    """Which layers route to experts: Qwen-MoE's sparse step and dense-only list."""
+    step = read_int(config, "decoder_sparse_step", default=1)
+    dense = set(getattr(config, "mlp_only_layers", None) or ())
+    return tuple(i not in dense and (i + 1) % step == 0 for i in range(layers))
+
+
+def _nope_layers(
+    config: Any, model_type: str, window: int | None, sliding: tuple[bool, ...]
+) -> tuple[bool, ...]:
+    """Layers that apply no RoPE: SmolLM3's by ``no_rope_layers``; EXAONE 4's global
+    layers once the model has a sliding window."""
+    if model_type == "exaone4":
+        return tuple(window is not None and not slides for slides in sliding)
+    return tuple(not use for use in getattr(config, "no_rope_layers", None) or ())
+
+
+def _rotary_dim(config: Any, head_dim: int) -> int:
+    """The slice of each head RoPE rotates: ``partial_rotary_factor`` of it (Phi-4-mini,
+    GLM-4), from the rope parameters transformers standardized."""
+    params = getattr(config, "rope_parameters", None)
+    factor = params.get("partial_rotary_factor", 1.0) if isinstance(params, dict) else 1.0
+    if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 < factor <= 1:
+        raise ModelConfigError(
+            f"partial_rotary_factor must be a number in (0, 1], got {factor!r}",
+            field="model.config.rope_parameters.partial_rotary_factor",
+        )
+    return int(head_dim * factor)
+
+
+def _qk_norm(model_type: str) -> str:
+    """Qwen3, Gemma 3 and EXAONE 4 normalize q and k per head; OLMo-2 and OLMo-3 over
+    the whole projections."""
+    if model_type in ("qwen3", "qwen3_moe", "gemma3_text", "gemma3", "exaone4"):
+        return "head"
+    return "full" if model_type in ("olmo2", "olmo3") else ""
