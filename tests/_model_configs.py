@@ -147,3 +147,38 @@ GLM4: Final = (
     ("rope_scaling", None),
     ("pad_token_id", 0),  # GLM-4's default is beyond Llama's vocabulary
 )
+
+# gpt-oss-20b's config with four layers: 32 experts, top 4, sliding and full layers in
+# turn, attention sinks, biases everywhere (its activations and parameters are exact at
+# any depth).
+GPT_OSS: Final[dict[str, Any]] = {
+    "model_type": "gpt_oss",
+    "architectures": ["GptOssForCausalLM"],
+    "hidden_size": 2880,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "intermediate_size": 2880,
+    "num_local_experts": 32,
+    "num_experts_per_tok": 4,
+    "vocab_size": 201088,
+    "sliding_window": 128,
+    "layer_types": ["sliding_attention", "full_attention"] * 2,
+    "tie_word_embeddings": False,
+    "attention_bias": True,
+    "swiglu_limit": 7.0,
+    "rms_norm_eps": 1e-05,
+    "rope_parameters": {
+        "rope_type": "yarn",
+        "rope_theta": 150000.0,
+        "factor": 32.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": False,
+        "original_max_position_embeddings": 4096,
+    },
+    "max_position_embeddings": 131072,
+    "pad_token_id": 199999,
+    "eos_token_id": 200002,
+}

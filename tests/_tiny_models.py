@@ -129,6 +129,18 @@ _SPECS: dict[str, _Spec] = {
         {**_DECODER, "sliding_window": 4, "sliding_window_pattern": 2},
     ),
     "glm4": _Spec("Glm4Config", "Glm4ForCausalLM", {**_DECODER, "head_dim": 8}),
+    "gpt_oss": _Spec(
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        {
+            **_DECODER,
+            "head_dim": 8,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "sliding_window": 4,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+    ),
     "olmo3": _Spec(
         "Olmo3Config",
         "Olmo3ForCausalLM",

@@ -27,6 +27,7 @@ from ckpt_core._meta.measure import measure_activation_bytes
 from tests._model_configs import (
     EXAONE4,
     GLM4,
+    GPT_OSS,
     GRANITE,
     MINISTRAL,
     MINISTRAL3,
@@ -475,6 +476,43 @@ def test_a_mistral3_the_estimate_does_not_describe_is_a_config_error(
     with pytest.raises(ModelConfigError) as raised:
         make_plan("auto", gpu="A100-80GB", model={"config": config}, workload={"seq_len": 64})
     assert raised.value.field == field
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_gpt_oss_is_estimated_as_measured(padded: bool) -> None:
+    """gpt-oss: eager attention with a sink column (its max's indices and a softmax in
+    the dtype kept), chunked RoPE on half-width tables, a biased router's top-k softmax
+    and grouped_mm experts with gathered biases and a clamped SwiGLU, whose products keep
+    their factors.  Full fine-tune and PEFT's LoRA (trained as with checkpointing), to
+    the byte; the parameter count equals the built model's."""
+    from peft import LoraConfig, get_peft_model
+
+    model_input = {"config": GPT_OSS}
+    model = build_meta_model(load_model_config(model_input), attention="eager")
+    facts = model_facts(model_input)
+    assert facts.layout.total == count_parameters(model)
+    shape = {"seq_len": 1024, "micro_batch_size": 2, "attention": "eager"}
+    full = prepare(facts, parse_workload({**shape, "padded": padded}))
+    for tier in TIERS:
+        measured = measure_activation_bytes(model, tier, padded=padded, **shape)
+        assert activation_bytes(facts.arch, full.step, tier) == measured, tier
+    lora = prepare(facts, parse_workload({**shape, "padded": padded, "method": "lora"}))
+    lora_config = LoraConfig(r=16, target_modules="all-linear", lora_dropout=0.0)
+    peft_model = get_peft_model(model.to(torch.bfloat16), lora_config)
+    peft_model.enable_input_require_grads()
+    assert lora.static.trainable_parameters == sum(
+        p.numel() for p in peft_model.parameters() if p.requires_grad
+    )
+    for tier in TIERS:
+        measured = measure_activation_bytes(peft_model, tier, padded=padded, **shape)
+        assert activation_bytes(facts.arch, lora.step, tier) == measured, tier
+
+
+def test_gpt_oss_runs_eager_whatever_the_request() -> None:
+    """Its model class supports no sdpa, and flash only through a hub kernel: the
+    estimate runs eager attention and says so."""
+    run = prepare(model_facts({"config": GPT_OSS}), parse_workload({"seq_len": 512}))
+    assert run.step.attention == "eager"
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])

@@ -79,9 +79,14 @@ class Arch:
     rotary_dim: int = 0  # the slice RoPE rotates (``partial_rotary_factor``); 0: the head
     # GLM-4 interleaves half of cos / sin into copies in every layer, which its products keep.
     rope_interleaved: bool = False
+    # gpt-oss rotates the two halves of each head (``chunk``) by half-width cos / sin tables.
+    rope_halves: bool = False
+    # gpt-oss: a learned sink logit per head joins eager attention's scores (one more
+    # column), whose max is subtracted before a softmax in the dtype.
+    attn_sinks: bool = False
     attn_softcap: bool = False
-    # Eager attention's softmax runs in the dtype (GPT-2, BERT, Falcon, T5), not on an
-    # fp32 copy of the scores as Llama-style models' does.
+    # Eager attention's softmax runs in the dtype (GPT-2, BERT, Falcon, T5, gpt-oss), not
+    # on an fp32 copy of the scores as Llama-style models' does.
     softmax_in_dtype: bool = False
     final_softcap: bool = False
     # Layers that apply no RoPE (SmolLM3's every fourth, EXAONE 4's global ones).
@@ -102,6 +107,9 @@ class Arch:
     top_k: int = 0
     moe_intermediate: int = 0
     router_in_dtype: bool = False  # routing weights cast to the activation dtype (Qwen3-MoE)
+    # gpt-oss: the router and the experts have biases, and its experts gate with a clamped
+    # SwiGLU (``(up + 1) * gate * sigmoid(alpha * gate)``).
+    clamped_swiglu: bool = False
     attn_dropout: float = 0.0
     hidden_dropout: float = 0.0
     embed_dropout: float = 0.0

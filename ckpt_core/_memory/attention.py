@@ -51,7 +51,8 @@ def eager_softmax_bytes(arch: Arch, elem_bytes: int) -> int:
 def rope_tables(led: Ledger, arch: Arch, step: Step, sliding: bool) -> None:
     """The model's cos and sin tables (shared by every layer), kept by RoPE's products or
     by a checkpoint, whose recompute reads them."""
-    size = (4 if arch.rope_fp32 else step.dtype_bytes) * step.seq * arch.rope_dim
+    width = arch.head_dim // 2 if arch.rope_halves else arch.rope_dim
+    size = (4 if arch.rope_fp32 else step.dtype_bytes) * step.seq * width
     rope = "local" if sliding and arch.rope_per_kind else "global"
     led.keep(f"{GLOBAL}cos.{rope}", size)
     led.keep(f"{GLOBAL}sin.{rope}", size)
@@ -99,6 +100,9 @@ def attention_core(
         else:  # batch 1: matmul reshapes the views (one kv head: a stride-0 expand) as they are
             led.keep(k_name, elem_bytes * tokens * kv)
             led.keep(v_name, v_bytes)
+        if arch.attn_sinks:
+            _sink_softmax(led, arch, step)
+            return "attn.o_in"
         if arch.attn_softcap:
             led.keep("attn.tanh", elem_bytes * scores)
         softmax_bytes = eager_softmax_bytes(arch, elem_bytes)
@@ -126,6 +130,19 @@ def attention_core(
     else:  # fused kernels write (b, s, h, d): o_proj reads the output itself
         led.keep("attn.o_in", elem_bytes * tokens * q)
     return "attn.o_in"
+
+
+def _sink_softmax(led: Ledger, arch: Arch, step: Step) -> None:
+    """gpt-oss's eager softmax: the scores with a sink column, minus their max (whose
+    indices are kept), softmaxed in the dtype; the weights are a slice of it."""
+    rows = step.batch * arch.heads * step.seq
+    led.keep("attn.max_index", 8 * rows)
+    led.keep("attn.softmax", step.dtype_bytes * rows * (step.seq + 1))
+    probs = dropout(
+        led, step, "attn.softmax", tag="attn.dropout", p=arch.attn_dropout, elements=rows * step.seq
+    )
+    if probs != "attn.softmax":
+        led.keep(probs, step.dtype_bytes * rows * step.seq)
 
 
 def _unpadded_flash(led: Ledger, arch: Arch, step: Step) -> str:

@@ -87,9 +87,13 @@ def _param_layout(arch: Arch) -> ParamLayout:
     moe = n - dense
     experts = moe * arch.experts * 3 * h * arch.moe_intermediate
     router = moe * arch.experts * h
+    if arch.clamped_swiglu:  # gpt-oss: biased router and experts
+        experts += moe * arch.experts * (2 * arch.moe_intermediate + h)
+        router += moe * arch.experts
     norms_per_block = {"gemma": 4, "olmo2": 2}.get(arch.sandwich, 2) * h
     qk_norm = {"head": 2 * d, "full": q + kv}.get(arch.qk_norm, 0)
-    other = n * (norms_per_block + qk_norm) + router + h  # + final norm
+    sinks = arch.heads if arch.attn_sinks else 0
+    other = n * (norms_per_block + qk_norm + sinks) + router + h  # + final norm
     linears = tuple(item for item in (*attention, *mlp) if item.count)
     idle = sum(vision_tensors(arch))
     layout = ParamLayout(linears, experts, embedding_parameters(arch), other, idle)
@@ -148,7 +152,9 @@ def _block(arch: Arch, step: Step, mode: BlockMode, kind: BlockKind) -> Ledger:
         mlp_in = "mid"
     else:
         mlp_in = norm(led, step, "mid", "ln_post", kind=arch.norm, rows=tokens, width=h)
-    if moe:
+    if moe and arch.clamped_swiglu:
+        _clamped_moe(led, arch, step, mlp_in)
+    elif moe:
         _moe(led, arch, step, mlp_in)
     else:
         _glu_mlp(led, arch, step, mlp_in)
@@ -233,6 +239,33 @@ def _moe(led: Ledger, arch: Arch, step: Step, x: str) -> None:
     led.keep("experts.weights", (elem_bytes if arch.router_in_dtype else 4) * rows)
 
 
+def _clamped_moe(led: Ledger, arch: Arch, step: Step, x: str) -> None:
+    """gpt-oss's MLP: a biased router's top-k logits, softmaxed in the dtype, then
+    transformers' grouped_mm experts with gathered biases and its clamped SwiGLU
+    (``gate.clamp(max=limit)``, ``up.clamp(-limit, limit)``, ``gate * sigmoid(gate *
+    alpha)``, ``(up + 1) * glu``: each product keeps its factors)."""
+    elem_bytes, tokens, h = step.dtype_bytes, step.tokens, arch.hidden
+    rows, inter = tokens * arch.top_k, arch.moe_intermediate
+    trained = step.trainable_weights
+    if trained:
+        led.keep(x, elem_bytes * tokens * h)  # the router's weight gradient
+    led.keep("router.top_index", 8 * rows)
+    led.keep("router.top_softmax", elem_bytes * rows)
+    for name in ("experts.token_index", "experts.perm", "experts.inverse_perm"):
+        led.keep(name, 8 * rows)
+    if trained:  # the biases' gather keeps the sorted expert ids
+        led.keep("experts.sorted_ids", 8 * rows)
+        led.keep("experts.selected", elem_bytes * rows * h)
+    led.keep("experts.offsets", 4 * arch.experts)
+    led.keep("experts.gate_up", 2 * elem_bytes * rows * inter)  # the clamps keep its halves
+    for name in ("gate_clamped", "sigmoid", "glu", "up_plus_one"):
+        led.keep(f"experts.{name}", elem_bytes * rows * inter)
+    if trained:
+        led.keep("experts.product", elem_bytes * rows * inter)
+    led.keep("experts.down", elem_bytes * rows * h)
+    led.keep("experts.weights", elem_bytes * rows)
+
+
 # --- FLOPs ------------------------------------------------------------------------
 
 
@@ -286,6 +319,7 @@ FAMILY = Family(
         "qwen2",
         "qwen3",
         "qwen3_moe",
+        "gpt_oss",
         "phi3",
         "olmo2",
         "olmo3",
@@ -307,8 +341,10 @@ FAMILY = Family(
     block_ledger=_block,
     block_flops=_block_flops,
     head_flops=lm_head_flops,
-    no_sdpa=frozenset({"gemma2"}),  # softcapping: transformers falls back to eager
-    no_flash=frozenset({"gemma3"}),
+    # Gemma 2's softcapping: transformers falls back to eager; gpt-oss's model class
+    # supports neither sdpa nor flash without a hub kernel (its sinks).
+    no_sdpa=frozenset({"gemma2", "gpt_oss"}),
+    no_flash=frozenset({"gemma3", "gpt_oss"}),
     trace=_trace,
     replayed_exactly=_replayed_exactly,
     idle_tensors=vision_tensors,

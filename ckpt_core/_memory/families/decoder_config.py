@@ -35,6 +35,7 @@ def _text_arch(config: Any, model_type: str) -> Arch:
     layer_types = tuple(getattr(config, "layer_types", None) or ())
     gemma = model_type.startswith("gemma")
     glm = model_type == "glm4"  # Gemma's sandwich of norms, Llama's RMSNorm
+    gpt_oss = model_type == "gpt_oss"
     window = read_window(config)
     # MinistralAttention reads head_dim as set: a config without it does not build.
     default_head_dim = None if model_type == "ministral" else hidden // heads
@@ -48,7 +49,8 @@ def _text_arch(config: Any, model_type: str) -> Arch:
     moe_layers = _moe_layers(config, layers) if experts > 1 else (False,) * layers
     olmo = model_type in ("olmo2", "olmo3")  # OLMo-3 is OLMo-2's layer with sliding layers
     post_norms = olmo or model_type == "exaone4"  # EXAONE 4: OLMo-2's layout, Llama's norm
-    norm = "rms_gemma" if gemma else "rms_olmo" if olmo else "rms"
+    # gpt-oss scales by its weight in fp32 before the cast back, as OLMo-2 does.
+    norm = "rms_gemma" if gemma else "rms_olmo" if olmo or gpt_oss else "rms"
     return Arch(
         model_type=model_type,
         family="decoder",
@@ -73,6 +75,9 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         rope_concat=model_type in ("phi3", "glm4"),
         rotary_dim=_rotary_dim(config, head_dim),
         rope_interleaved=glm,
+        rope_halves=gpt_oss,
+        attn_sinks=gpt_oss,
+        softmax_in_dtype=gpt_oss,
         attn_softcap=bool(getattr(config, "attn_logit_softcapping", None)),
         final_softcap=bool(getattr(config, "final_logit_softcapping", None)),
         scalar_multipliers=model_type == "granite",
@@ -89,7 +94,8 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         moe_intermediate=read_int(config, "moe_intermediate_size", "intermediate_size")
         if any(moe_layers)
         else 0,
-        router_in_dtype=model_type == "qwen3_moe",
+        router_in_dtype=model_type in ("qwen3_moe", "gpt_oss"),
+        clamped_swiglu=gpt_oss,
         attn_dropout=float(getattr(config, "attention_dropout", 0.0) or 0.0),
         hidden_dropout=float(getattr(config, "resid_pdrop", 0.0) or 0.0),
         embed_dropout=float(getattr(config, "embd_pdrop", 0.0) or 0.0),
