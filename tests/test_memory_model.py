@@ -479,19 +479,22 @@ def test_a_mistral3_the_estimate_does_not_describe_is_a_config_error(
 
 
 @pytest.mark.parametrize("padded", [False, True])
-def test_gpt_oss_is_estimated_as_measured(padded: bool) -> None:
+@pytest.mark.parametrize("attention", ["eager", "flash_attention_2"])
+def test_gpt_oss_is_estimated_as_measured(attention: str, padded: bool) -> None:
     """gpt-oss: eager attention with a sink column (its max's indices and a softmax in
     the dtype kept), chunked RoPE on half-width tables, a biased router's top-k softmax
     and grouped_mm experts with gathered biases and a clamped SwiGLU, whose products keep
-    their factors.  Full fine-tune and PEFT's LoRA (trained as with checkpointing), to
-    the byte; the parameter count equals the built model's."""
+    their factors; with flash, its RoPE's cat leaves q contiguous per head, so the
+    kernel's output is copied into o_proj's input.  Full fine-tune and PEFT's LoRA
+    (trained as with checkpointing), to the byte; the parameter count equals the built
+    model's."""
     from peft import LoraConfig, get_peft_model
 
     model_input = {"config": GPT_OSS}
-    model = build_meta_model(load_model_config(model_input), attention="eager")
+    model = build_meta_model(load_model_config(model_input), attention=attention)
     facts = model_facts(model_input)
     assert facts.layout.total == count_parameters(model)
-    shape = {"seq_len": 1024, "micro_batch_size": 2, "attention": "eager"}
+    shape = {"seq_len": 1024, "micro_batch_size": 2, "attention": attention}
     full = prepare(facts, parse_workload({**shape, "padded": padded}))
     for tier in TIERS:
         measured = measure_activation_bytes(model, tier, padded=padded, **shape)
@@ -508,11 +511,10 @@ def test_gpt_oss_is_estimated_as_measured(padded: bool) -> None:
         assert activation_bytes(facts.arch, lora.step, tier) == measured, tier
 
 
-def test_gpt_oss_runs_eager_whatever_the_request() -> None:
-    """Its model class supports no sdpa, and flash only through a hub kernel: the
-    estimate runs eager attention and says so."""
-    run = prepare(model_facts({"config": GPT_OSS}), parse_workload({"seq_len": 512}))
-    assert run.step.attention == "eager"
+def test_gpt_oss_asked_for_sdpa_runs_eager() -> None:
+    """Its model class has no sdpa: transformers runs eager, and so does the estimate."""
+    workload = parse_workload({"seq_len": 512, "attention": "sdpa"})
+    assert prepare(model_facts({"config": GPT_OSS}), workload).step.attention == "eager"
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])

@@ -74,7 +74,8 @@ class Arch:
     # Sliding and full layers read rotary tables of their own (Gemma 3, OLMo-3).
     rope_per_kind: bool = False
     # apply_rotary_pos_emb rotates a leading slice of each head and concatenates the rest
-    # back (Phi-3, even when the slice is the whole head; GLM-4): one more copy of q and k.
+    # back (Phi-3, even when the slice is the whole head; GLM-4; gpt-oss cats its two
+    # rotated halves): one more copy of q and k.
     rope_concat: bool = False
     rotary_dim: int = 0  # the slice RoPE rotates (``partial_rotary_factor``); 0: the head
     # GLM-4 interleaves half of cos / sin into copies in every layer, which its products keep.

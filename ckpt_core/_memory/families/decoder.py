@@ -341,10 +341,10 @@ FAMILY = Family(
     block_ledger=_block,
     block_flops=_block_flops,
     head_flops=lm_head_flops,
-    # Gemma 2's softcapping: transformers falls back to eager; gpt-oss's model class
-    # supports neither sdpa nor flash without a hub kernel (its sinks).
+    # Gemma 2's softcapping: transformers falls back to eager; gpt-oss's model class has
+    # no sdpa (its flash path runs, passing the sinks to kernels that take them).
     no_sdpa=frozenset({"gemma2", "gpt_oss"}),
-    no_flash=frozenset({"gemma3", "gpt_oss"}),
+    no_flash=frozenset({"gemma3"}),
     trace=_trace,
     replayed_exactly=_replayed_exactly,
     idle_tensors=vision_tensors,

@@ -72,7 +72,7 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         sandwich="gemma" if gemma or glm else "olmo2" if post_norms else "",
         rope_fp32=olmo,
         rope_per_kind=model_type in ("gemma3_text", "gemma3", "olmo3"),
-        rope_concat=model_type in ("phi3", "glm4"),
+        rope_concat=model_type in ("phi3", "glm4", "gpt_oss"),
         rotary_dim=_rotary_dim(config, head_dim),
         rope_interleaved=glm,
         rope_halves=gpt_oss,
