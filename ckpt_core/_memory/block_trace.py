@@ -4,9 +4,8 @@ The buffers and their lifetimes are those of transformers' Llama-style block
 (``LlamaDecoderLayer`` / ``LlamaAttention`` / ``eager_attention_forward`` /
 ``LlamaMLP`` / ``LlamaRMSNorm``), with Phi-3's fused projections, Qwen3's
 q / k norms and Granite's residual multiplier where the architecture has them,
-and the pieces other families' layers share (`ckpt_core._memory.gemma_trace`,
-`ckpt_core._memory.olmo2_trace`): RMSNorms, RoPE, the attention kernels,
-softcapping, the MLP, a post-normed layer.  The linears with their adapters
+and the pieces other families' layers share (`ckpt_core._memory.layer_trace`):
+RMSNorms, RoPE, the attention kernels, softcapping, the MLP.  The linears with their adapters
 are `ckpt_core._memory.linear_trace`.  A tensor is freed where the last Python
 name or autograd node holding it lets go, which decides what the caching
 allocator can reuse.  Each "why" names the source it follows.  What a model
@@ -14,8 +13,6 @@ runs around its blocks is `ckpt_core._memory.model_trace`.  Sizes in bytes.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.autograd_sim import Sim
@@ -166,46 +163,6 @@ def _residual(sim: Sim, x: int, branch: int, *, arch: Arch, recipe: TraceRecipe)
     product = sim.op([branch], recipe.act * recipe.batch * recipe.seq * arch.hidden)
     out = sim.op([x, product], size, alias=True)
     sim.drop(product, branch)
-    return out
-
-
-def post_normed_layer(
-    sim: Sim,
-    x: int,
-    *,
-    arch: Arch,
-    recipe: TraceRecipe,
-    attention: Callable[..., int],
-    layer_norm: Callable[[Sim, int], int],
-    pre_norms: bool,
-    selective: bool,
-) -> int:
-    """A decoder layer that normalizes each branch's output before its residual add:
-    Gemma's sandwich (``pre_norms``: input_layernorm and pre_feedforward_layernorm
-    too) and OLMo-2's post-norms (the attention and the MLP read the residual
-    stream).  ``attention(sim, y, held)`` is the layer's self_attn, checkpointed
-    alone when ``selective``; ``layer_norm(sim, y)`` one of its hidden-size norms.
-    Each norm's input dies where ``hidden_states`` is rebound."""
-    tokens, res, h = recipe.batch * recipe.seq, recipe.residual, arch.hidden
-    # `hidden_states, _ = self.self_attn(...)` keeps eager attention's weights
-    # referenced until the layer returns.
-    weights: list[int] = []
-    attn_in = layer_norm(sim, x) if pre_norms else x
-    out = sim.checkpoint(attention, attn_in) if selective else attention(sim, attn_in, weights)
-    if attn_in != x:
-        sim.drop(attn_in)
-    post = layer_norm(sim, out)
-    sim.drop(out)
-    mid = sim.op([x, post], res * tokens * h, alias=True)  # `residual + hidden_states`
-    sim.drop(post)
-    mlp_in = layer_norm(sim, mid) if pre_norms else mid
-    down = mlp(sim, mlp_in, arch=arch, recipe=recipe)
-    if mlp_in != mid:
-        sim.drop(mlp_in)
-    post = layer_norm(sim, down)
-    sim.drop(down)
-    out = sim.op([mid, post], res * tokens * h, alias=True)
-    sim.drop(post, mid, *weights)  # rebinding, then the locals `residual` and `_`
     return out
 
 

@@ -15,13 +15,9 @@ import functools
 
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.autograd_sim import Sim
-from ckpt_core._memory.block_trace import (
-    attend,
-    fp32_scaled_norm,
-    post_normed_layer,
-    rope,
-)
-from ckpt_core._memory.linear_trace import TraceRecipe, linear
+from ckpt_core._memory.block_trace import fp32_scaled_norm
+from ckpt_core._memory.layer_trace import post_normed_block, projected_attention
+from ckpt_core._memory.linear_trace import TraceRecipe
 from ckpt_core._memory.model_trace import (
     Inputs,
     TraceModel,
@@ -40,7 +36,7 @@ def gemma_norm(sim: Sim, x: int, rows: int, width: int, recipe: TraceRecipe, *, 
     return fp32_scaled_norm(sim, x, rows, width, recipe, dtype=dtype, normed_is_local=False)
 
 
-def _final_gemma_norm(sim: Sim, x: int, rows: int, width: int, recipe: TraceRecipe) -> int:
+def _residual_gemma_norm(sim: Sim, x: int, rows: int, width: int, recipe: TraceRecipe) -> int:
     return gemma_norm(sim, x, rows, width, recipe, dtype=recipe.residual)
 
 
@@ -110,81 +106,24 @@ def _gemma_masks(sim: Sim, arch: Arch, recipe: TraceRecipe) -> tuple[int | None,
     return full, sliding_mask(sim, recipe)
 
 
-def gemma_block(
-    sim: Sim,
-    x: int,
-    *,
-    arch: Arch,
-    recipe: TraceRecipe,
-    inputs: Inputs,
-    index: int,
-    selective: bool = False,
-) -> int:
-    """Gemma2DecoderLayer.forward / Gemma3DecoderLayer.forward: input_layernorm,
-    self_attn, post_attention_layernorm, the residual add, pre_feedforward_layernorm,
-    the MLP, post_feedforward_layernorm, the residual add (`post_normed_layer`)."""
-    tokens, res = recipe.batch * recipe.seq, recipe.residual
-    mask = inputs.layer_mask(arch, index)
-
-    def attention(s: Sim, y: int, held: list[int] | None = None) -> int:
-        return gemma_attention(s, y, arch=arch, recipe=recipe, mask=mask, held=held)
-
-    def layer_norm(s: Sim, y: int) -> int:
-        return gemma_norm(s, y, tokens, arch.hidden, recipe, dtype=res)
-
-    return post_normed_layer(
-        sim,
-        x,
-        arch=arch,
-        recipe=recipe,
-        attention=attention,
-        layer_norm=layer_norm,
-        pre_norms=True,
-        selective=selective,
-    )
+# Gemma2Attention.forward / Gemma3Attention.forward: q / k / v, Gemma 3's q_norm and
+# k_norm over each head.  sdpa: a sliding layer's boolean mask becomes a new additive one
+# in the activation dtype (attention.cpp convert_boolean_attn_mask), which the fused
+# kernel saves; eager (`attend`) softcaps the logits when the config asks.
+_ATTENTION = functools.partial(projected_attention, head_norm=gemma_norm)
 
 
-def gemma_attention(
-    sim: Sim,
-    x: int,
-    *,
-    arch: Arch,
-    recipe: TraceRecipe,
-    mask: int | None,
-    held: list[int] | None = None,
-) -> int:
-    """Gemma2Attention.forward / Gemma3Attention.forward on the normed ``x``: q / k / v,
-    Gemma 3's q_norm and k_norm over (batch, heads, seq, head_dim), RoPE, then
-    attention.  sdpa: a sliding layer's boolean ``mask`` becomes a new additive one in
-    the activation dtype (attention.cpp convert_boolean_attn_mask), which the fused
-    kernel saves for backward.  Eager (`attend`: with the logit softcapping the config
-    asks for), its weights go to ``held`` when given."""
-    tokens, act = recipe.batch * recipe.seq, recipe.act
-    h, d = arch.hidden, arch.head_dim
-    q, kv = arch.heads * d, arch.kv_heads * d
-    query = linear(sim, x, "self_attn.q_proj", (h, q), recipe)
-    key = linear(sim, x, "self_attn.k_proj", (h, kv), recipe)
-    value = linear(sim, x, "self_attn.v_proj", (h, kv), recipe)
-    if arch.qk_norm == "head":  # Gemma 3: the projections die as the norms return
-        query_n = gemma_norm(sim, query, tokens * arch.heads, d, recipe, dtype=act)
-        sim.drop(query)
-        key_n = gemma_norm(sim, key, tokens * arch.kv_heads, d, recipe, dtype=act)
-        sim.drop(key)
-        query, key = query_n, key_n
-    query_r, key_r = rope(sim, query, act * tokens * q), rope(sim, key, act * tokens * kv)
-    sim.drop(query, key)
-    out = attend(sim, query_r, key_r, value, arch=arch, recipe=recipe, mask=mask, held=held)
-    sim.drop(query_r, key_r, value)
-    return out
-
-
+# Gemma2DecoderLayer.forward / Gemma3DecoderLayer.forward: input_layernorm, self_attn,
+# post_attention_layernorm, the residual add, pre_feedforward_layernorm, the MLP,
+# post_feedforward_layernorm, the residual add.
+_GEMMA_LAYER = post_normed_block(_ATTENTION, _residual_gemma_norm, pre_norms=True)
 GEMMA2 = TraceModel(
     prepare=functools.partial(_gemma_prepare, rotary_tables=1),
-    block=gemma_block,
-    norm=_final_gemma_norm,
+    block=_GEMMA_LAYER,
+    norm=_residual_gemma_norm,
 )
 GEMMA3 = TraceModel(
     prepare=functools.partial(_gemma_prepare, rotary_tables=2),
-    block=gemma_block,
-    norm=_final_gemma_norm,
+    block=_GEMMA_LAYER,
+    norm=_residual_gemma_norm,
 )

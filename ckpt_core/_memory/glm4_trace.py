@@ -13,55 +13,29 @@ from __future__ import annotations
 
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.autograd_sim import Sim
-from ckpt_core._memory.block_trace import attend, norm, post_normed_layer
-from ckpt_core._memory.linear_trace import TraceRecipe, linear
-from ckpt_core._memory.model_trace import Inputs, TraceModel, llama_prepare
+from ckpt_core._memory.block_trace import attend, norm
+from ckpt_core._memory.layer_trace import post_normed_block, projections
+from ckpt_core._memory.linear_trace import TraceRecipe
+from ckpt_core._memory.model_trace import TraceModel, llama_prepare
 
 
-def glm4_block(
+def _attention(
     sim: Sim,
     x: int,
     *,
     arch: Arch,
     recipe: TraceRecipe,
-    inputs: Inputs,
-    index: int,
-    selective: bool = False,
-) -> int:
-    """Glm4DecoderLayer.forward: input_layernorm, self_attn, post_self_attn_layernorm, the
-    residual add, post_attention_layernorm, the MLP, post_mlp_layernorm, the residual add."""
-    tokens = recipe.batch * recipe.seq
-    mask = inputs.layer_mask(arch, index)
-
-    def attention(s: Sim, y: int, held: list[int] | None = None) -> int:
-        return _attention(s, y, arch=arch, recipe=recipe, mask=mask, held=held)
-
-    def layer_norm(s: Sim, y: int) -> int:
-        return norm(s, y, tokens, arch.hidden, recipe)
-
-    return post_normed_layer(
-        sim,
-        x,
-        arch=arch,
-        recipe=recipe,
-        attention=attention,
-        layer_norm=layer_norm,
-        pre_norms=True,
-        selective=selective,
-    )
-
-
-def _attention(
-    sim: Sim, x: int, *, arch: Arch, recipe: TraceRecipe, mask: int | None, held: list[int] | None
+    mask: int | None,
+    held: list[int] | None,
+    rotary: bool,
 ) -> int:
     """Glm4Attention.forward: q, k and v projected, RoPE (`_rope`), then attention; the
     rebinding frees the projections."""
-    h, q, kv = arch.hidden, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
-    query = linear(sim, x, "self_attn.q_proj", (h, q), recipe)
-    key = linear(sim, x, "self_attn.k_proj", (h, kv), recipe)
-    value = linear(sim, x, "self_attn.v_proj", (h, kv), recipe)
-    query_r, key_r = _rope(sim, query, key, arch=arch, recipe=recipe)
-    sim.drop(query, key)
+    query, key, value = projections(sim, x, arch, recipe)
+    query_r, key_r = query, key
+    if rotary:
+        query_r, key_r = _rope(sim, query, key, arch=arch, recipe=recipe)
+        sim.drop(query, key)
     out = attend(sim, query_r, key_r, value, arch=arch, recipe=recipe, mask=mask, held=held)
     sim.drop(query_r, key_r, value)
     return out
@@ -95,4 +69,10 @@ def _rope(sim: Sim, query: int, key: int, *, arch: Arch, recipe: TraceRecipe) ->
     return out
 
 
-GLM4 = TraceModel(prepare=llama_prepare, block=glm4_block, norm=norm)
+# Glm4DecoderLayer.forward: input_layernorm, self_attn, post_self_attn_layernorm, the
+# residual add, post_attention_layernorm, the MLP, post_mlp_layernorm, the residual add.
+GLM4 = TraceModel(
+    prepare=llama_prepare,
+    block=post_normed_block(_attention, norm, pre_norms=True),
+    norm=norm,
+)

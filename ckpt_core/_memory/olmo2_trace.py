@@ -13,14 +13,10 @@ from __future__ import annotations
 
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.autograd_sim import Sim
-from ckpt_core._memory.block_trace import (
-    attend,
-    fp32_scaled_norm,
-    post_normed_layer,
-    rope,
-)
+from ckpt_core._memory.block_trace import attend, fp32_scaled_norm, rope
+from ckpt_core._memory.layer_trace import post_normed_block
 from ckpt_core._memory.linear_trace import TraceRecipe, linear
-from ckpt_core._memory.model_trace import Inputs, TraceModel, llama_prepare
+from ckpt_core._memory.model_trace import TraceModel, llama_prepare
 
 
 def olmo_norm(
@@ -33,44 +29,6 @@ def olmo_norm(
     return fp32_scaled_norm(sim, x, rows, width, recipe, dtype=dtype, normed_is_local=True)
 
 
-def _final_norm(sim: Sim, x: int, rows: int, width: int, recipe: TraceRecipe) -> int:
-    return olmo_norm(sim, x, rows, width, recipe)
-
-
-def olmo2_block(
-    sim: Sim,
-    x: int,
-    *,
-    arch: Arch,
-    recipe: TraceRecipe,
-    inputs: Inputs,
-    index: int,
-    selective: bool = False,
-) -> int:
-    """Olmo2DecoderLayer.forward: self_attn on the block input, post_attention_layernorm,
-    the residual add, the MLP, post_feedforward_layernorm, the residual add
-    (`post_normed_layer`)."""
-    tokens = recipe.batch * recipe.seq
-    mask = inputs.layer_mask(arch, index)
-
-    def attention(s: Sim, y: int, held: list[int] | None = None) -> int:
-        return olmo2_attention(s, y, arch=arch, recipe=recipe, mask=mask, held=held)
-
-    def layer_norm(s: Sim, y: int) -> int:
-        return olmo_norm(s, y, tokens, arch.hidden, recipe)
-
-    return post_normed_layer(
-        sim,
-        x,
-        arch=arch,
-        recipe=recipe,
-        attention=attention,
-        layer_norm=layer_norm,
-        pre_norms=False,
-        selective=selective,
-    )
-
-
 def olmo2_attention(
     sim: Sim,
     x: int,
@@ -79,10 +37,12 @@ def olmo2_attention(
     recipe: TraceRecipe,
     mask: int | None,
     held: list[int] | None = None,
+    rotary: bool = True,
 ) -> int:
     """Olmo2Attention.forward: ``q_norm(q_proj(x))`` (the projection dies as the norm
     returns), then k's, v; apply_rotary_pos_emb against fp32 cos / sin, whose fp32
-    results live until both ``.to(q_type)`` casts are made; then attention."""
+    results live until both ``.to(q_type)`` casts are made (unless the layer uses no
+    positions); then attention."""
     tokens, act = recipe.batch * recipe.seq, recipe.act
     h, q, kv = arch.hidden, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
     normed = []
@@ -92,7 +52,9 @@ def olmo2_attention(
         sim.drop(raw)
     value = linear(sim, x, "self_attn.v_proj", (h, kv), recipe)
     query, key = normed
-    if act == 4:  # fp32 activations (kbit preparation): RoPE promotes nothing, casts nothing
+    if not rotary:
+        query_r, key_r = query, key
+    elif act == 4:  # fp32 activations (kbit preparation): RoPE promotes nothing, casts nothing
         query_r, key_r = rope(sim, query, 4 * tokens * q), rope(sim, key, 4 * tokens * kv)
         sim.drop(query, key)
     else:
@@ -105,4 +67,10 @@ def olmo2_attention(
     return out
 
 
-OLMO2 = TraceModel(prepare=llama_prepare, block=olmo2_block, norm=_final_norm)
+# Olmo2DecoderLayer.forward: self_attn on the block input, post_attention_layernorm, the
+# residual add, the MLP, post_feedforward_layernorm, the residual add.
+OLMO2 = TraceModel(
+    prepare=llama_prepare,
+    block=post_normed_block(olmo2_attention, olmo_norm, pre_norms=False),
+    norm=olmo_norm,
+)
