@@ -182,3 +182,12 @@ GPT_OSS: Final[dict[str, Any]] = {
     "pad_token_id": 199999,
     "eos_token_id": 200002,
 }
+
+# Hunyuan (dense, v1) on Llama 3.2 1B's sizes: q and k normalized per head after RoPE,
+# biases on q / k / v / o.
+HUNYUAN: Final = (
+    ("model_type", "hunyuan_v1_dense"),
+    ("architectures", ["HunYuanDenseV1ForCausalLM"]),
+    ("attention_bias", True),
+    ("rope_scaling", None),
+)

@@ -129,6 +129,9 @@ _SPECS: dict[str, _Spec] = {
         {**_DECODER, "sliding_window": 4, "sliding_window_pattern": 2},
     ),
     "glm4": _Spec("Glm4Config", "Glm4ForCausalLM", {**_DECODER, "head_dim": 8}),
+    "hunyuan_v1_dense": _Spec(
+        "HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {**_DECODER, "head_dim": 8}
+    ),
     "gpt_oss": _Spec(
         "GptOssConfig",
         "GptOssForCausalLM",

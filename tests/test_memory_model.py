@@ -29,6 +29,7 @@ from tests._model_configs import (
     GLM4,
     GPT_OSS,
     GRANITE,
+    HUNYUAN,
     MINISTRAL,
     MINISTRAL3,
     MISTRAL3,
@@ -280,7 +281,7 @@ CONFIGS = {
     "mistral3": MISTRAL3,
     **{
         dict(overrides)["model_type"]: {**load_preset("llama-3.2-1b"), **dict(overrides)}
-        for overrides in (GRANITE, SMOLLM3, OLMO3, MINISTRAL3, MINISTRAL, EXAONE4, GLM4)
+        for overrides in (GRANITE, SMOLLM3, OLMO3, MINISTRAL3, MINISTRAL, EXAONE4, GLM4, HUNYUAN)
     },
 }
 
@@ -301,7 +302,8 @@ def test_a_model_type_without_a_preset_is_estimated_as_measured(
     whose backward keeps the scale; Ministral's full-attention mask, made though every
     layer slides, is read by no layer, so nothing keeps it; EXAONE 4's global layers
     use no positions and keep q and k as normed, the same bytes; GLM-4's RoPE products
-    keep its layer's own interleaved copies of half of cos and sin."""
+    keep its layer's own interleaved copies of half of cos and sin; Hunyuan normalizes
+    the rotated q and k, which keeps what normalizing them first keeps."""
     model_input = {"config": CONFIGS[name]}
     model = build_meta_model(load_model_config(model_input), attention=attention)
     facts = model_facts(model_input)
@@ -540,10 +542,14 @@ def test_a_partial_rotary_factor_outside_0_1_is_a_config_error(factor: object) -
     assert "partial_rotary_factor" in (raised.value.field or "")
 
 
-def test_a_ministral_config_without_head_dim_is_a_config_error() -> None:
-    """MinistralAttention reads ``config.head_dim`` as it is, with no fallback: such a
-    config does not build, so the estimate names the field rather than guess."""
-    config = {**load_preset("llama-3.2-1b"), **dict(MINISTRAL)}
+@pytest.mark.parametrize("overrides", [MINISTRAL, HUNYUAN], ids=["ministral", "hunyuan"])
+def test_a_config_without_the_head_dim_its_attention_reads_is_a_config_error(
+    overrides: tuple[tuple[str, Any], ...],
+) -> None:
+    """Ministral's and Hunyuan's attention read ``config.head_dim`` as it is, with no
+    fallback: such a config does not build, so the estimate names the field rather
+    than guess."""
+    config = {**load_preset("llama-3.2-1b"), **dict(overrides)}
     del config["head_dim"]
     with pytest.raises(ModelConfigError) as raised:
         make_plan("auto", gpu="A100-80GB", model={"config": config}, workload={"seq_len": 64})
@@ -567,6 +573,7 @@ def test_a_valid_sliding_window_is_estimated() -> None:
         ("ministral", 0.0),
         ("exaone4", 0.0),
         ("glm4", 0.0),
+        ("hunyuan_v1_dense", 0.0),
         ("gemma2", 0.0),
         ("gpt2", 0.1),
         ("bert", 0.1),

@@ -7,7 +7,16 @@ from typing import Any
 import pytest
 
 from bench.op_order import Case, estimate, record, replay, with_workspaces
-from tests._model_configs import EXAONE4, GLM4, GRANITE, MINISTRAL, MINISTRAL3, OLMO3, SMOLLM3
+from tests._model_configs import (
+    EXAONE4,
+    GLM4,
+    GRANITE,
+    HUNYUAN,
+    MINISTRAL,
+    MINISTRAL3,
+    OLMO3,
+    SMOLLM3,
+)
 
 # Qwen2 with use_sliding_window: layers from max_window_layers on slide, the others do not.
 QWEN2_SLIDING = (("use_sliding_window", True), ("sliding_window", 512), ("max_window_layers", 12))
@@ -33,6 +42,7 @@ QWEN2_SLIDING = (("use_sliding_window", True), ("sliding_window", 512), ("max_wi
         Case("llama-3.2-1b", "lora", "bf16", "eager", "off", 2, 1024, overrides=MINISTRAL),
         Case("llama-3.2-1b", "lora", "bf16", "sdpa", "selective", 2, 1024, overrides=EXAONE4),
         Case("llama-3.2-1b", "full", "bf16", "sdpa", "medium", 2, 1024, overrides=GLM4),
+        Case("llama-3.2-1b", "full", "bf16", "eager", "full", 2, 1024, overrides=HUNYUAN),
     ],
     ids=lambda case: (
         f"{case.preset}-{case.method}-{case.attention}-{case.tier}-s{case.seq}"
@@ -56,7 +66,8 @@ def test_the_replay_allocates_what_the_real_op_order_does(case: Case) -> None:
     it, and eager's masks, which nothing keeps without a checkpoint, dying with the
     model's forward; EXAONE 4's post-norms, q / k norms after the three projections and
     global layers without RoPE; GLM-4's sandwich norms and its RoPE on half of each
-    head from each layer's interleaved copies of cos and sin."""
+    head from each layer's interleaved copies of cos and sin; Hunyuan's q / k norms on the
+    rotated q and k."""
     allocated, reserved, workspace = estimate(case)
     real_allocated, real_reserved = replay(with_workspaces(record(case), workspace))
     assert allocated == pytest.approx(real_allocated, rel=0.002)

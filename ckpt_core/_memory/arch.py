@@ -69,6 +69,8 @@ class Arch:
     qkv_bias: bool = False
     norm: str = "rms"  # rms | rms_gemma | rms_olmo | layer | t5
     qk_norm: str = ""  # "" | head | full
+    # Hunyuan normalizes the rotated q and k (the same bytes kept, in another order).
+    qk_norm_after_rope: bool = False
     sandwich: str = ""  # "" | gemma (4 norms per block) | olmo2 (post-norms only)
     rope_fp32: bool = False  # cos / sin kept in fp32 (OLMo-2 and OLMo-3 apply RoPE in fp32)
     # Sliding and full layers read rotary tables of their own (Gemma 3, OLMo-3).

@@ -223,6 +223,10 @@ def attention(
         qkv = linear(sim, x, "self_attn.qkv_proj", (h, q + 2 * kv), recipe)
         (query,), (key,), (value,) = (sim.views(qkv, [act * tokens * n]) for n in (q, kv, kv))
         fused = (qkv,)
+    elif arch.qk_norm_after_rope:
+        query = linear(sim, x, "self_attn.q_proj", (h, q), recipe)
+        key = linear(sim, x, "self_attn.k_proj", (h, kv), recipe)
+        value = linear(sim, x, "self_attn.v_proj", (h, kv), recipe)
     else:
         query = linear(sim, x, "self_attn.q_proj", (h, q), recipe)
         query = _head_normed(sim, query, arch.heads, arch, recipe)
@@ -234,6 +238,9 @@ def attention(
         query_r = rope(sim, query, act * tokens * q, concat=arch.rope_concat)
         key_r = rope(sim, key, act * tokens * kv, concat=arch.rope_concat)
         sim.drop(query, key)
+    if arch.qk_norm_after_rope:  # HunYuanDenseV1Attention: query_layernorm(rotated q)
+        query_r = _head_normed(sim, query_r, arch.heads, arch, recipe)
+        key_r = _head_normed(sim, key_r, arch.kv_heads, arch, recipe)
     if arch.query_scaling:
         query_r = _scaled_query(sim, query_r, act * tokens * q, recipe)
     out = attend(sim, query_r, key_r, value, arch=arch, recipe=recipe, mask=mask, held=held)

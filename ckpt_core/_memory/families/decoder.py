@@ -325,6 +325,7 @@ FAMILY = Family(
         "olmo3",
         "exaone4",
         "glm4",
+        "hunyuan_v1_dense",
         "gemma2",
         "gemma3_text",
         "gemma3",

@@ -37,8 +37,9 @@ def _text_arch(config: Any, model_type: str) -> Arch:
     glm = model_type == "glm4"  # Gemma's sandwich of norms, Llama's RMSNorm
     gpt_oss = model_type == "gpt_oss"
     window = read_window(config)
-    # MinistralAttention reads head_dim as set: a config without it does not build.
-    default_head_dim = None if model_type == "ministral" else hidden // heads
+    # Ministral's and Hunyuan's attention read head_dim as set: without it they do not build.
+    required = model_type in ("ministral", "hunyuan_v1_dense")
+    default_head_dim = None if required else hidden // heads
     head_dim = read_int(config, "head_dim", default=default_head_dim)
     # Layers list their attention type; Mistral / Phi-3 slide on every layer when a window is set.
     if layer_types:
@@ -69,6 +70,7 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         qkv_bias=model_type == "qwen2" or bool(getattr(config, "attention_bias", False)),
         norm=norm,
         qk_norm=_qk_norm(model_type),
+        qk_norm_after_rope=model_type == "hunyuan_v1_dense",
         sandwich="gemma" if gemma or glm else "olmo2" if post_norms else "",
         rope_fp32=olmo,
         rope_per_kind=model_type in ("gemma3_text", "gemma3", "olmo3"),
@@ -134,8 +136,8 @@ def _rotary_dim(config: Any, head_dim: int) -> int:
 
 
 def _qk_norm(model_type: str) -> str:
-    """Qwen3, Gemma 3 and EXAONE 4 normalize q and k per head; OLMo-2 and OLMo-3 over
-    the whole projections."""
-    if model_type in ("qwen3", "qwen3_moe", "gemma3_text", "gemma3", "exaone4"):
+    """Qwen3, Gemma 3, EXAONE 4 and Hunyuan normalize q and k per head; OLMo-2 and OLMo-3
+    over the whole projections."""
+    if model_type in ("qwen3", "qwen3_moe", "gemma3_text", "gemma3", "exaone4", "hunyuan_v1_dense"):
         return "head"
     return "full" if model_type in ("olmo2", "olmo3") else ""
