@@ -223,15 +223,12 @@ def attention(
         qkv = linear(sim, x, "self_attn.qkv_proj", (h, q + 2 * kv), recipe)
         (query,), (key,), (value,) = (sim.views(qkv, [act * tokens * n]) for n in (q, kv, kv))
         fused = (qkv,)
-    elif arch.qk_norm_after_rope:
+    else:  # q / k norms on the projections (Qwen3), unless on the rotated q / k (Hunyuan)
+        early = not arch.qk_norm_after_rope
         query = linear(sim, x, "self_attn.q_proj", (h, q), recipe)
+        query = _head_normed(sim, query, arch.heads, arch, recipe) if early else query
         key = linear(sim, x, "self_attn.k_proj", (h, kv), recipe)
-        value = linear(sim, x, "self_attn.v_proj", (h, kv), recipe)
-    else:
-        query = linear(sim, x, "self_attn.q_proj", (h, q), recipe)
-        query = _head_normed(sim, query, arch.heads, arch, recipe)
-        key = linear(sim, x, "self_attn.k_proj", (h, kv), recipe)
-        key = _head_normed(sim, key, arch.kv_heads, arch, recipe)
+        key = _head_normed(sim, key, arch.kv_heads, arch, recipe) if early else key
         value = linear(sim, x, "self_attn.v_proj", (h, kv), recipe)
     query_r, key_r = query, key
     if rotary:
