@@ -191,3 +191,15 @@ HUNYUAN: Final = (
     ("attention_bias", True),
     ("rope_scaling", None),
 )
+
+# Gemma (1) on Llama 3.2 1B's sizes, with Gemma's wide heads (heads x head_dim = twice the
+# hidden size, as Gemma 7B's 16 x 256 against 3072): Llama's layer with Gemma's norms,
+# GeGLU and scaled, tied embeddings.
+GEMMA: Final = (
+    ("model_type", "gemma"),
+    ("architectures", ["GemmaForCausalLM"]),
+    ("head_dim", 128),
+    ("hidden_act", "gelu_pytorch_tanh"),
+    ("tie_word_embeddings", True),
+    ("rope_scaling", None),
+)

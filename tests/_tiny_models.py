@@ -108,6 +108,7 @@ _SPECS: dict[str, _Spec] = {
         "MixtralForCausalLM",
         {**_DECODER, "num_local_experts": 4, "num_experts_per_tok": 2},
     ),
+    "gemma": _Spec("GemmaConfig", "GemmaForCausalLM", {**_DECODER, "head_dim": 16}),
     "gemma2": _Spec(
         "Gemma2Config",
         "Gemma2ForCausalLM",

@@ -25,6 +25,7 @@ STACKS: dict[str, dict[str, tuple[str, ...]]] = {
     "qwen3": _DECODER,
     "qwen2_moe": _DECODER,
     "mixtral": _DECODER,
+    "gemma": _DECODER,
     "gemma2": _DECODER,
     "gemma3": _DECODER,
     "phi3": _DECODER,

@@ -26,6 +26,7 @@ from ckpt_core._memory.ledger import Step
 from ckpt_core._meta.measure import measure_activation_bytes
 from tests._model_configs import (
     EXAONE4,
+    GEMMA,
     GLM4,
     GPT_OSS,
     GRANITE,
@@ -281,7 +282,17 @@ CONFIGS = {
     "mistral3": MISTRAL3,
     **{
         dict(overrides)["model_type"]: {**load_preset("llama-3.2-1b"), **dict(overrides)}
-        for overrides in (GRANITE, SMOLLM3, OLMO3, MINISTRAL3, MINISTRAL, EXAONE4, GLM4, HUNYUAN)
+        for overrides in (
+            GRANITE,
+            SMOLLM3,
+            OLMO3,
+            MINISTRAL3,
+            MINISTRAL,
+            EXAONE4,
+            GLM4,
+            HUNYUAN,
+            GEMMA,
+        )
     },
 }
 
@@ -303,7 +314,8 @@ def test_a_model_type_without_a_preset_is_estimated_as_measured(
     layer slides, is read by no layer, so nothing keeps it; EXAONE 4's global layers
     use no positions and keep q and k as normed, the same bytes; GLM-4's RoPE products
     keep its layer's own interleaved copies of half of cos and sin; Hunyuan normalizes
-    the rotated q and k, which keeps what normalizing them first keeps."""
+    the rotated q and k, which keeps what normalizing them first keeps; Gemma (1) keeps
+    its norms' fp32 work and its scaled embeddings, with heads wider than the model."""
     model_input = {"config": CONFIGS[name]}
     model = build_meta_model(load_model_config(model_input), attention=attention)
     facts = model_facts(model_input)
@@ -574,6 +586,7 @@ def test_a_valid_sliding_window_is_estimated() -> None:
         ("exaone4", 0.0),
         ("glm4", 0.0),
         ("hunyuan_v1_dense", 0.0),
+        ("gemma", 0.0),
         ("gemma2", 0.0),
         ("gpt2", 0.1),
         ("bert", 0.1),

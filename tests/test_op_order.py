@@ -9,6 +9,7 @@ import pytest
 from bench.op_order import Case, estimate, record, replay, with_workspaces
 from tests._model_configs import (
     EXAONE4,
+    GEMMA,
     GLM4,
     GRANITE,
     HUNYUAN,
@@ -43,6 +44,7 @@ QWEN2_SLIDING = (("use_sliding_window", True), ("sliding_window", 512), ("max_wi
         Case("llama-3.2-1b", "lora", "bf16", "sdpa", "selective", 2, 1024, overrides=EXAONE4),
         Case("llama-3.2-1b", "full", "bf16", "sdpa", "medium", 2, 1024, overrides=GLM4),
         Case("llama-3.2-1b", "full", "bf16", "eager", "full", 2, 1024, overrides=HUNYUAN),
+        Case("llama-3.2-1b", "full", "bf16", "eager", "selective", 2, 1024, overrides=GEMMA),
     ],
     ids=lambda case: (
         f"{case.preset}-{case.method}-{case.attention}-{case.tier}-s{case.seq}"
@@ -67,7 +69,7 @@ def test_the_replay_allocates_what_the_real_op_order_does(case: Case) -> None:
     model's forward; EXAONE 4's post-norms, q / k norms after the three projections and
     global layers without RoPE; GLM-4's sandwich norms and its RoPE on half of each
     head from each layer's interleaved copies of cos and sin; Hunyuan's q / k norms on the
-    rotated q and k."""
+    rotated q and k; Gemma (1)'s norms in Llama's layer, and no sliding mask."""
     allocated, reserved, workspace = estimate(case)
     real_allocated, real_reserved = replay(with_workspaces(record(case), workspace))
     assert allocated == pytest.approx(real_allocated, rel=0.002)

@@ -14,6 +14,8 @@ runs around its blocks is `ckpt_core._memory.model_trace`.  Sizes in bytes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.autograd_sim import Sim
 from ckpt_core._memory.linear_trace import TraceRecipe, linear
@@ -120,18 +122,20 @@ def block(
     mask: int | None,
     selective: bool = False,
     rotary: bool = True,
+    layer_norm: Callable[[Sim, int, int, int, TraceRecipe], int] = norm,
 ) -> int:
     """LlamaDecoderLayer.forward on the block input ``x``; returns its output.
 
     ``mask``: eager's float mask, or sdpa's boolean one (None: ``is_causal``);
-    ``rotary``: the layer applies RoPE (SmolLM3's NoPE layers do not)."""
+    ``rotary``: the layer applies RoPE (SmolLM3's NoPE layers do not);
+    ``layer_norm``: its two norms (Gemma's scale in fp32)."""
     tokens, h = recipe.batch * recipe.seq, arch.hidden
     # `hidden_states, _ = self.self_attn(...)` keeps eager attention's weights
     # referenced until the layer returns.
     weights: list[int] = []
     # input_layernorm runs in the layer, outside the hooked self_attn: selective keeps
     # the norm's fp32 upcast and rstd, and the checkpoint keeps its normed output.
-    normed_in = norm(sim, x, tokens, h, recipe)
+    normed_in = layer_norm(sim, x, tokens, h, recipe)
     if selective:
         out = sim.checkpoint(
             lambda s, y: attention(s, y, arch=arch, recipe=recipe, mask=mask, rotary=rotary),
@@ -144,7 +148,7 @@ def block(
     # The layer rebinds hidden_states to the attention's output: the normed input dies.
     sim.drop(normed_in)
     mid = _residual(sim, x, out, arch=arch, recipe=recipe)
-    normed = norm(sim, mid, tokens, h, recipe)
+    normed = layer_norm(sim, mid, tokens, h, recipe)
     down = mlp(sim, normed, arch=arch, recipe=recipe)
     sim.drop(normed)  # the layer rebinds hidden_states to the MLP's output
     out = _residual(sim, mid, down, arch=arch, recipe=recipe)

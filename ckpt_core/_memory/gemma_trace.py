@@ -1,5 +1,7 @@
-"""Gemma 2's and Gemma 3's decoder layer and what their models run around it, for the replay.
+"""Gemma's decoder layers and what their models run around them, for the replay.
 
+GemmaDecoderLayer (Gemma 1) is Llama's layer with Gemma's norms (computed in
+fp32, scaled by ``1 + weight``) and the scaled word embeddings.
 Gemma2DecoderLayer and Gemma3DecoderLayer differ from the Llama-style block of
 `ckpt_core._memory.block_trace` in what they keep: four sandwich norms
 (Gemma2RMSNorm / Gemma3RMSNorm compute in fp32 and scale by ``1 + weight``),
@@ -24,6 +26,7 @@ from ckpt_core._memory.model_trace import (
     causal_mask,
     eager_mask,
     embedding,
+    llama_layer,
     sliding_mask,
     window_masked,
 )
@@ -41,14 +44,20 @@ def _residual_gemma_norm(sim: Sim, x: int, rows: int, width: int, recipe: TraceR
 
 
 def _gemma_prepare(
-    sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int, *, rotary_tables: int
+    sim: Sim,
+    arch: Arch,
+    recipe: TraceRecipe,
+    workspace: int,
+    *,
+    rotary_tables: int,
+    sliding_layers: bool = True,
 ) -> Inputs:
-    """Gemma2Model.forward / Gemma3TextModel.forward before the layers.
+    """GemmaModel.forward / Gemma2Model.forward / Gemma3TextModel.forward before the layers.
 
     The scaled word embeddings: ``embedding(ids) * embed_scale`` (the lookup dies
     at once; the product is the leaf `step_trace` holds for adapters).  The masks
-    (`_gemma_masks`), then the rotary embeddings (``rotary_tables``: Gemma 2 has
-    one, Gemma 3 a global and a local one; each: fp32 ``freqs``,
+    (`_gemma_masks`), then the rotary embeddings (``rotary_tables``: Gemma and Gemma 2
+    have one, Gemma 3 a global and a local one; each: fp32 ``freqs``,
     ``emb = cat(freqs, freqs)``, ``cos() * attention_scaling`` and
     ``sin() * ...``, cast to the hidden dtype), referenced by every layer's RoPE.
     """
@@ -60,7 +69,7 @@ def _gemma_prepare(
         lookup = sim.new(recipe.residual * batch * seq * h)
         hidden = sim.new(recipe.residual * batch * seq * h, grad=True)
     sim.drop(lookup)
-    full, sliding = _gemma_masks(sim, arch, recipe)
+    full, sliding = _gemma_masks(sim, arch, recipe, sliding_layers=sliding_layers)
     if workspace:  # the rotary embedding's `inv_freq @ position_ids`: the first cuBLAS call
         sim.new(workspace)
     tables: list[int] = []
@@ -85,8 +94,11 @@ def _gemma_prepare(
     )
 
 
-def _gemma_masks(sim: Sim, arch: Arch, recipe: TraceRecipe) -> tuple[int | None, int | None]:
-    """``create_causal_mask`` then ``create_sliding_window_causal_mask``: (full, sliding).
+def _gemma_masks(
+    sim: Sim, arch: Arch, recipe: TraceRecipe, *, sliding_layers: bool
+) -> tuple[int | None, int | None]:
+    """``create_causal_mask``, then ``create_sliding_window_causal_mask`` when the model
+    has ``sliding_layers`` (Gemma 2 and 3; not Gemma (1)): (full, sliding).
 
     sdpa: no mask for the full-attention layers (``is_causal``), a boolean one for the
     sliding layers once the window is no longer than the sequence (masking_utils.sdpa_mask:
@@ -101,7 +113,7 @@ def _gemma_masks(sim: Sim, arch: Arch, recipe: TraceRecipe) -> tuple[int | None,
     if eager or recipe.padded:
         full = causal_mask(sim, recipe) if recipe.padded else sim.new(seq * seq)  # kv <= q
         full = eager_mask(sim, recipe, full) if eager else full
-    if not (eager or recipe.padded or window_masked(arch, recipe)):
+    if not (sliding_layers and (eager or recipe.padded or window_masked(arch, recipe))):
         return full, None
     return full, sliding_mask(sim, recipe)
 
@@ -112,6 +124,13 @@ def _gemma_masks(sim: Sim, arch: Arch, recipe: TraceRecipe) -> tuple[int | None,
 # kernel saves; eager (`attend`) softcaps the logits when the config asks.
 _ATTENTION = functools.partial(projected_attention, head_norm=gemma_norm)
 
+
+# GemmaDecoderLayer.forward: Llama's layer with Gemma's norms.
+GEMMA = TraceModel(
+    prepare=functools.partial(_gemma_prepare, rotary_tables=1, sliding_layers=False),
+    block=functools.partial(llama_layer, layer_norm=_residual_gemma_norm),
+    norm=_residual_gemma_norm,
+)
 
 # Gemma2DecoderLayer.forward / Gemma3DecoderLayer.forward: input_layernorm, self_attn,
 # post_attention_layernorm, the residual add, pre_feedforward_layernorm, the MLP,

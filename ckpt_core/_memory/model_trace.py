@@ -125,7 +125,7 @@ def llama_prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) -> 
     return Inputs(hidden, full, held, forward_held, sliding_mask=sliding, leaf=leaf, unread=unread)
 
 
-def _llama_layer(
+def llama_layer(
     sim: Sim,
     x: int,
     *,
@@ -134,13 +134,25 @@ def _llama_layer(
     inputs: Inputs,
     index: int,
     selective: bool = False,
+    layer_norm: Callable[[Sim, int, int, int, TraceRecipe], int] = norm,
 ) -> int:
+    """Layer ``index`` as Llama's: its kind's mask, RoPE unless it is a NoPE layer;
+    ``layer_norm``: its two norms (Gemma's, in Gemma (1)'s layer)."""
     mask = inputs.layer_mask(arch, index)
     rotary = not (arch.nope_layers and arch.nope_layers[index])
-    return block(sim, x, arch=arch, recipe=recipe, mask=mask, selective=selective, rotary=rotary)
+    return block(
+        sim,
+        x,
+        arch=arch,
+        recipe=recipe,
+        mask=mask,
+        selective=selective,
+        rotary=rotary,
+        layer_norm=layer_norm,
+    )
 
 
-LLAMA = TraceModel(prepare=llama_prepare, block=_llama_layer, norm=norm)
+LLAMA = TraceModel(prepare=llama_prepare, block=llama_layer, norm=norm)
 
 
 def window_masked(arch: Arch, recipe: TraceRecipe) -> bool:

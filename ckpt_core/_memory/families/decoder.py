@@ -39,7 +39,7 @@ from ckpt_core._memory.families.vision import (
     vision_tensors,
 )
 from ckpt_core._memory.family import Family, single_stack
-from ckpt_core._memory.gemma_trace import GEMMA2, GEMMA3
+from ckpt_core._memory.gemma_trace import GEMMA, GEMMA2, GEMMA3
 from ckpt_core._memory.glm4_trace import GLM4
 from ckpt_core._memory.ledger import (
     GLOBAL,
@@ -285,6 +285,7 @@ def _block_flops(arch: Arch, step: Step, kind: BlockKind) -> BlockFlops:
 
 
 _TRACES: dict[str, TraceModel] = {
+    "gemma": GEMMA,
     "gemma2": GEMMA2,
     "gemma3_text": GEMMA3,
     "gemma3": GEMMA3,
@@ -326,6 +327,7 @@ FAMILY = Family(
         "exaone4",
         "glm4",
         "hunyuan_v1_dense",
+        "gemma",
         "gemma2",
         "gemma3_text",
         "gemma3",

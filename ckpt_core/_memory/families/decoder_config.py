@@ -34,7 +34,10 @@ def _text_arch(config: Any, model_type: str) -> Arch:
     layers = read_int(config, "num_hidden_layers")
     layer_types = tuple(getattr(config, "layer_types", None) or ())
     gemma = model_type.startswith("gemma")
-    glm = model_type == "glm4"  # Gemma's sandwich of norms, Llama's RMSNorm
+    # Gemma 2 and 3 sandwich each branch in norms; Gemma (1) is Llama's layout, GLM-4
+    # Gemma 2's with Llama's RMSNorm.
+    glm = model_type == "glm4"
+    sandwiched = (gemma and model_type != "gemma") or glm
     gpt_oss = model_type == "gpt_oss"
     window = read_window(config)
     # Ministral's and Hunyuan's attention read head_dim as set: without it they do not build.
@@ -71,7 +74,7 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         norm=norm,
         qk_norm=_qk_norm(model_type),
         qk_norm_after_rope=model_type == "hunyuan_v1_dense",
-        sandwich="gemma" if gemma or glm else "olmo2" if post_norms else "",
+        sandwich="gemma" if sandwiched else "olmo2" if post_norms else "",
         rope_fp32=olmo,
         rope_per_kind=model_type in ("gemma3_text", "gemma3", "olmo3"),
         rope_concat=model_type in ("phi3", "glm4", "gpt_oss"),
