@@ -203,3 +203,38 @@ GEMMA: Final = (
     ("tie_word_embeddings", True),
     ("rope_scaling", None),
 )
+
+# Qwen1.5-MoE-A2.7B's config with four layers: 60 routed experts (top 4, unnormalized
+# weights) and a shared expert with its sigmoid gate in every layer, biased q / k / v.
+QWEN2_MOE: Final[dict[str, Any]] = {
+    "model_type": "qwen2_moe",
+    "architectures": ["Qwen2MoeForCausalLM"],
+    "hidden_size": 2048,
+    "intermediate_size": 5632,
+    "moe_intermediate_size": 1408,
+    "shared_expert_intermediate_size": 5632,
+    "num_experts": 60,
+    "num_experts_per_tok": 4,
+    "norm_topk_prob": False,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "vocab_size": 151936,
+    "max_position_embeddings": 8192,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": False,
+    "use_sliding_window": False,
+    "sliding_window": 32768,
+    "max_window_layers": 21,
+    "decoder_sparse_step": 1,
+    "rms_norm_eps": 1e-06,
+}
+
+# The same with experts on every other layer (the others dense) and sliding layers.
+QWEN2_MOE_SPARSE: Final[dict[str, Any]] = {
+    **QWEN2_MOE,
+    "decoder_sparse_step": 2,
+    "use_sliding_window": True,
+    "sliding_window": 512,
+    "max_window_layers": 3,
+}

@@ -36,6 +36,8 @@ from tests._model_configs import (
     MISTRAL3,
     MT5_BASE,
     OLMO3,
+    QWEN2_MOE,
+    QWEN2_MOE_SPARSE,
     SMOLLM3,
 )
 from tests._tiny_models import tiny_model
@@ -493,18 +495,33 @@ def test_a_mistral3_the_estimate_does_not_describe_is_a_config_error(
 
 
 @pytest.mark.parametrize("padded", [False, True])
-@pytest.mark.parametrize("attention", ["eager", "flash_attention_2"])
-def test_gpt_oss_is_estimated_as_measured(attention: str, padded: bool) -> None:
+@pytest.mark.parametrize(
+    ("config", "attention"),
+    [
+        (GPT_OSS, "eager"),
+        (GPT_OSS, "flash_attention_2"),
+        (QWEN2_MOE, "sdpa"),
+        (QWEN2_MOE, "eager"),
+        (QWEN2_MOE_SPARSE, "sdpa"),
+    ],
+    ids=["gpt_oss-eager", "gpt_oss-flash", "qwen2_moe-sdpa", "qwen2_moe-eager", "qwen2_moe-sparse"],
+)
+def test_a_routed_experts_model_is_estimated_as_measured(
+    config: dict[str, Any], attention: str, padded: bool
+) -> None:
     """gpt-oss: eager attention with a sink column (its max's indices and a softmax in
     the dtype kept), chunked RoPE on half-width tables, a biased router's top-k softmax
     and grouped_mm experts with gathered biases and a clamped SwiGLU, whose products keep
     their factors; with flash, its RoPE's cat leaves q contiguous per head, so the
-    kernel's output is copied into o_proj's input.  Full fine-tune and PEFT's LoRA
-    (trained as with checkpointing), to the byte; the parameter count equals the built
-    model's."""
+    kernel's output is copied into o_proj's input.  Qwen2-MoE: unnormalized top-k
+    weights (no sum kept), and a shared expert on every token whose output and sigmoid
+    gate the product keeps; its LoRA adapts the shared expert and its gate too
+    (``all-linear``); with a sparse step, dense layers between.  Full fine-tune and
+    PEFT's LoRA (trained as with checkpointing), to the byte; the parameter count
+    equals the built model's."""
     from peft import LoraConfig, get_peft_model
 
-    model_input = {"config": GPT_OSS}
+    model_input = {"config": config}
     model = build_meta_model(load_model_config(model_input), attention=attention)
     facts = model_facts(model_input)
     assert facts.layout.total == count_parameters(model)

@@ -110,6 +110,12 @@ class Arch:
     top_k: int = 0
     moe_intermediate: int = 0
     router_in_dtype: bool = False  # routing weights cast to the activation dtype (Qwen3-MoE)
+    # The top-k routing weights are divided by their sum (Mixtral always; the Qwen MoEs by
+    # ``norm_topk_prob``), which keeps the sum and the weights for backward.
+    norm_topk: bool = True
+    # Qwen2-MoE: a gated MLP of this width runs on every token beside the routed experts,
+    # its output scaled by ``sigmoid(shared_expert_gate(x))``.
+    shared_expert_intermediate: int = 0
     # gpt-oss: the router and the experts have biases, and its experts gate with a clamped
     # SwiGLU (``(up + 1) * gate * sigmoid(alpha * gate)``).
     clamped_swiglu: bool = False

@@ -61,7 +61,7 @@ def recomputed(arch: Arch, step: Step, assignment: Assignment) -> int:
 @functools.lru_cache(maxsize=1024)
 def widest_gradients(arch: Arch, step: Step) -> int:
     elem_bytes, tokens = step.dtype_bytes, step.tokens
-    inner = arch.intermediate * (2 if arch.glu else 1)
+    inner = max(arch.intermediate, arch.shared_expert_intermediate) * (2 if arch.glu else 1)
     widest = elem_bytes * tokens * inner
     if arch.is_moe:
         widest = max(widest, 2 * elem_bytes * tokens * arch.top_k * arch.moe_intermediate)

@@ -71,7 +71,8 @@ def _param_layout(arch: Arch) -> ParamLayout:
             Linear("self_attn.v_proj", h, kv, n, arch.qkv_bias),
         ]
     )
-    o_bias = arch.qkv_bias and arch.model_type not in ("qwen2", "glm4")  # q/k/v biases only
+    # q / k / v biases only
+    o_bias = arch.qkv_bias and arch.model_type not in ("qwen2", "qwen2_moe", "glm4")
     attention.append(Linear("self_attn.o_proj", q, h, n, o_bias))
     mlp_bias = arch.mlp_bias
     inter = arch.intermediate
@@ -85,6 +86,14 @@ def _param_layout(arch: Arch) -> ParamLayout:
         ]
     )
     moe = n - dense
+    shared = arch.shared_expert_intermediate
+    if shared:  # Qwen2-MoE's shared expert and its gate, in each MoE layer
+        mlp += [
+            Linear("mlp.shared_expert.gate_proj", h, shared, moe),
+            Linear("mlp.shared_expert.up_proj", h, shared, moe),
+            Linear("mlp.shared_expert.down_proj", shared, h, moe),
+            Linear("mlp.shared_expert_gate", h, 1, moe),
+        ]
     experts = moe * arch.experts * 3 * h * arch.moe_intermediate
     router = moe * arch.experts * h
     if arch.clamped_swiglu:  # gpt-oss: biased router and experts
@@ -197,22 +206,26 @@ def _attention(led: Ledger, arch: Arch, step: Step, x: str, sliding: bool) -> No
     linear(led, step, out, q, "self_attn.o_proj")
 
 
-def _glu_mlp(led: Ledger, arch: Arch, step: Step, x: str) -> None:
-    """down(act(gate(x)) * up(x)); Phi-3 fuses gate and up into one projection."""
-    elem_bytes, tokens, h, inter = step.dtype_bytes, step.tokens, arch.hidden, arch.intermediate
+def _glu_mlp(
+    led: Ledger, arch: Arch, step: Step, x: str, *, module: str = "mlp", inter: int = 0
+) -> None:
+    """down(act(gate(x)) * up(x)) of ``module`` (``inter`` wide, the config's intermediate
+    size unless given); Phi-3 fuses gate and up into one projection."""
+    elem_bytes, tokens, h = step.dtype_bytes, step.tokens, arch.hidden
+    inter = inter or arch.intermediate
     elements = tokens * inter
     if arch.fused_gate_up:
-        linear(led, step, x, h, "mlp.gate_up_proj")
-        led.keep("mlp.gate_up", 2 * elem_bytes * elements)  # gate and up are views of it
-        gate, up = "mlp.gate_up", "mlp.gate_up"
+        linear(led, step, x, h, f"{module}.gate_up_proj")
+        led.keep(f"{module}.gate_up", 2 * elem_bytes * elements)  # gate and up are views of it
+        gate, up = f"{module}.gate_up", f"{module}.gate_up"
     else:
-        linear(led, step, x, h, "mlp.gate_proj")
-        linear(led, step, x, h, "mlp.up_proj")
-        gate, up = "mlp.gate", "mlp.up"
-    act = activation(led, step, gate, tag="mlp.act", kind=arch.act, elements=elements)
+        linear(led, step, x, h, f"{module}.gate_proj")
+        linear(led, step, x, h, f"{module}.up_proj")
+        gate, up = f"{module}.gate", f"{module}.up"
+    act = activation(led, step, gate, tag=f"{module}.act", kind=arch.act, elements=elements)
     led.keep(act, elem_bytes * elements)  # the product keeps both factors
     led.keep(up, elem_bytes * elements)
-    linear(led, step, "mlp.product", inter, "mlp.down_proj")
+    linear(led, step, f"{module}.product", inter, f"{module}.down_proj")
 
 
 def _moe(led: Ledger, arch: Arch, step: Step, x: str) -> None:
@@ -224,8 +237,9 @@ def _moe(led: Ledger, arch: Arch, step: Step, x: str) -> None:
         led.keep(x, elem_bytes * tokens * h)  # the router's weight gradient
     led.keep("router.softmax", 4 * tokens * experts)
     led.keep("router.top_index", 8 * rows)
-    led.keep("router.top_sum", 4 * tokens)
-    led.keep("router.top_value", 4 * rows)
+    if arch.norm_topk:  # `router_top_value /= router_top_value.sum(...)` keeps both
+        led.keep("router.top_sum", 4 * tokens)
+        led.keep("router.top_value", 4 * rows)
     for name in ("experts.perm", "experts.token_index", "experts.inverse_perm"):
         led.keep(name, 8 * rows)
     led.keep("experts.offsets", 4 * experts)
@@ -237,6 +251,19 @@ def _moe(led: Ledger, arch: Arch, step: Step, x: str) -> None:
         led.keep("experts.product", elem_bytes * rows * inter)
     led.keep("experts.down", elem_bytes * rows * h)
     led.keep("experts.weights", (elem_bytes if arch.router_in_dtype else 4) * rows)
+    if arch.shared_expert_intermediate:
+        _shared_expert(led, arch, step, x)
+
+
+def _shared_expert(led: Ledger, arch: Arch, step: Step, x: str) -> None:
+    """Qwen2-MoE: ``sigmoid(shared_expert_gate(x)) * shared_expert(x)``; the sigmoid keeps
+    its output, which the product keeps with the shared MLP's output."""
+    elem_bytes, tokens = step.dtype_bytes, step.tokens
+    inter = arch.shared_expert_intermediate
+    _glu_mlp(led, arch, step, x, module="mlp.shared_expert", inter=inter)
+    linear(led, step, x, arch.hidden, "mlp.shared_expert_gate")
+    led.keep("mlp.shared_expert_gate.sigmoid", elem_bytes * tokens)
+    led.keep("mlp.shared_expert.out", elem_bytes * tokens * arch.hidden)
 
 
 def _clamped_moe(led: Ledger, arch: Arch, step: Step, x: str) -> None:
@@ -273,8 +300,9 @@ def _block_flops(arch: Arch, step: Step, kind: BlockKind) -> BlockFlops:
     """Routed experts' multiply by the routing weights keeps their output; post-norms
     (Gemma, OLMo-2) and dropout keep the MLP's."""
     if kind.moe:
-        h = arch.hidden
-        mlp = 2 * step.tokens * (h * arch.experts + arch.top_k * 3 * h * arch.moe_intermediate)
+        h, shared = arch.hidden, arch.shared_expert_intermediate
+        routed = arch.experts + arch.top_k * 3 * arch.moe_intermediate
+        mlp = 2 * step.tokens * h * (routed + (3 * shared + 1 if shared else 0))
         kept_after = True
     else:
         mlp = dense_mlp_flops(arch, step)
@@ -320,6 +348,7 @@ FAMILY = Family(
         "qwen2",
         "qwen3",
         "qwen3_moe",
+        "qwen2_moe",
         "gpt_oss",
         "phi3",
         "olmo2",

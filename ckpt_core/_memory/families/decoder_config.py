@@ -1,8 +1,8 @@
 """How the decoder family reads its configs: one `Arch` per model.
 
-Llama, Mistral, Mixtral, Qwen2/3 (+ MoE), Phi-3, OLMo-2/3, Gemma 2/3, GLM-4,
+Llama, Mistral, Mixtral, Qwen2/3 (+ MoE), Phi-3, OLMo-2/3, Gemma (1, 2, 3), GLM-4,
 EXAONE 4 and their kin share one reader; what tells them apart (norms,
-sliding layers, RoPE's variants, q / k norms, routed experts) becomes the
+sliding layers, RoPE's variants, q / k norms, routed and shared experts) becomes the
 `Arch`'s fields, which `ckpt_core._memory.families.decoder` turns into
 parameters, ledgers and FLOPs.  Pure Python: reads attributes of the config.
 """
@@ -39,7 +39,11 @@ def _text_arch(config: Any, model_type: str) -> Arch:
     glm = model_type == "glm4"
     sandwiched = (gemma and model_type != "gemma") or glm
     gpt_oss = model_type == "gpt_oss"
-    window = read_window(config)
+    qwen2_moe = model_type == "qwen2_moe"
+    # Qwen2MoeConfig sets the window to 0 without use_sliding_window; its model still
+    # makes a sliding mask with it (unread then), and every layer attends in full.
+    unset = qwen2_moe and getattr(config, "sliding_window", None) == 0
+    window = 0 if unset else read_window(config)
     # Ministral's and Hunyuan's attention read head_dim as set: without it they do not build.
     required = model_type in ("ministral", "hunyuan_v1_dense")
     default_head_dim = None if required else hidden // heads
@@ -70,7 +74,8 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         glu=True,
         fused_qkv=model_type == "phi3",
         fused_gate_up=model_type in ("phi3", "glm4"),
-        qkv_bias=model_type == "qwen2" or bool(getattr(config, "attention_bias", False)),
+        qkv_bias=model_type == "qwen2"
+        or bool(getattr(config, "qkv_bias" if qwen2_moe else "attention_bias", False)),
         norm=norm,
         qk_norm=_qk_norm(model_type),
         qk_norm_after_rope=model_type == "hunyuan_v1_dense",
@@ -88,18 +93,23 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         scalar_multipliers=model_type == "granite",
         nope_layers=_nope_layers(config, model_type, window, sliding),
         query_scaling=getattr(config, "model_type", model_type) == "ministral3",
-        sliding_window=window if any(sliding) or model_type == "ministral" else None,
+        sliding_window=window if any(sliding) or model_type in ("ministral", "qwen2_moe") else None,
         sliding_layers=sliding,
-        # Ministral makes both whatever; EXAONE 4 the full one whatever, the sliding one
-        # when a layer slides.
-        both_masks=model_type == "ministral" or (model_type == "exaone4" and any(sliding)),
+        # Ministral and Qwen2-MoE make both whatever; EXAONE 4 the full one whatever, the
+        # sliding one when a layer slides.
+        both_masks=model_type in ("ministral", "qwen2_moe")
+        or (model_type == "exaone4" and any(sliding)),
         moe_layers=moe_layers,
         experts=experts if any(moe_layers) else 0,
         top_k=read_int(config, "num_experts_per_tok", default=0) if any(moe_layers) else 0,
         moe_intermediate=read_int(config, "moe_intermediate_size", "intermediate_size")
         if any(moe_layers)
         else 0,
-        router_in_dtype=model_type in ("qwen3_moe", "gpt_oss"),
+        router_in_dtype=model_type in ("qwen3_moe", "qwen2_moe", "gpt_oss"),
+        norm_topk=bool(getattr(config, "norm_topk_prob", True)),
+        shared_expert_intermediate=read_int(config, "shared_expert_intermediate_size", default=0)
+        if qwen2_moe and any(moe_layers)
+        else 0,
         clamped_swiglu=gpt_oss,
         attn_dropout=float(getattr(config, "attention_dropout", 0.0) or 0.0),
         hidden_dropout=float(getattr(config, "resid_pdrop", 0.0) or 0.0),
