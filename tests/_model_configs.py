@@ -238,3 +238,35 @@ QWEN2_MOE_SPARSE: Final[dict[str, Any]] = {
     "sliding_window": 512,
     "max_window_layers": 3,
 }
+
+# OLMoE-1B-7B-0924's config with four layers: 64 routed experts (top 8) in every layer,
+# q and k normalized over the whole projections.  The clipped variant adds GQA, biases,
+# normalized top-k weights and ``clip_qkv`` (q, k and v clamped in place).
+OLMOE: Final[dict[str, Any]] = {
+    "model_type": "olmoe",
+    "architectures": ["OlmoeForCausalLM"],
+    "hidden_size": 2048,
+    "intermediate_size": 1024,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "num_experts": 64,
+    "num_experts_per_tok": 8,
+    "norm_topk_prob": False,
+    "num_hidden_layers": 4,
+    "vocab_size": 50304,
+    "max_position_embeddings": 4096,
+    "rope_theta": 10000.0,
+    "rms_norm_eps": 1e-05,
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "clip_qkv": None,
+    "pad_token_id": 1,
+    "eos_token_id": 50279,
+}
+OLMOE_CLIPPED: Final[dict[str, Any]] = {
+    **OLMOE,
+    "num_key_value_heads": 4,
+    "attention_bias": True,
+    "norm_topk_prob": True,
+    "clip_qkv": 8.0,
+}

@@ -36,6 +36,8 @@ from tests._model_configs import (
     MISTRAL3,
     MT5_BASE,
     OLMO3,
+    OLMOE,
+    OLMOE_CLIPPED,
     QWEN2_MOE,
     QWEN2_MOE_SPARSE,
     SMOLLM3,
@@ -494,20 +496,33 @@ def test_a_mistral3_the_estimate_does_not_describe_is_a_config_error(
     assert raised.value.field == field
 
 
+ATTENTION_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
 @pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize(
-    ("config", "attention"),
+    ("config", "attention", "targets"),
     [
-        (GPT_OSS, "eager"),
-        (GPT_OSS, "flash_attention_2"),
-        (QWEN2_MOE, "sdpa"),
-        (QWEN2_MOE, "eager"),
-        (QWEN2_MOE_SPARSE, "sdpa"),
+        (GPT_OSS, "eager", None),
+        (GPT_OSS, "flash_attention_2", None),
+        (QWEN2_MOE, "sdpa", None),
+        (QWEN2_MOE, "eager", None),
+        (QWEN2_MOE_SPARSE, "sdpa", None),
+        (OLMOE, "sdpa", ATTENTION_TARGETS),
+        (OLMOE_CLIPPED, "eager", ATTENTION_TARGETS),
     ],
-    ids=["gpt_oss-eager", "gpt_oss-flash", "qwen2_moe-sdpa", "qwen2_moe-eager", "qwen2_moe-sparse"],
+    ids=[
+        "gpt_oss-eager",
+        "gpt_oss-flash",
+        "qwen2_moe-sdpa",
+        "qwen2_moe-eager",
+        "qwen2_moe-sparse",
+        "olmoe-sdpa",
+        "olmoe-clipped",
+    ],
 )
 def test_a_routed_experts_model_is_estimated_as_measured(
-    config: dict[str, Any], attention: str, padded: bool
+    config: dict[str, Any], attention: str, targets: list[str] | None, padded: bool
 ) -> None:
     """gpt-oss: eager attention with a sink column (its max's indices and a softmax in
     the dtype kept), chunked RoPE on half-width tables, a biased router's top-k softmax
@@ -516,9 +531,11 @@ def test_a_routed_experts_model_is_estimated_as_measured(
     kernel's output is copied into o_proj's input.  Qwen2-MoE: unnormalized top-k
     weights (no sum kept), and a shared expert on every token whose output and sigmoid
     gate the product keeps; its LoRA adapts the shared expert and its gate too
-    (``all-linear``); with a sparse step, dense layers between.  Full fine-tune and
-    PEFT's LoRA (trained as with checkpointing), to the byte; the parameter count
-    equals the built model's."""
+    (``all-linear``); with a sparse step, dense layers between.  OLMoE: q and k
+    normalized over the whole projections; ``clip_qkv`` clamps q, k and v in place, each
+    clamp keeping a copy.  Full fine-tune and PEFT's LoRA (trained as with
+    checkpointing; ``all-linear`` unless targets are given), to the byte; the parameter
+    count equals the built model's."""
     from peft import LoraConfig, get_peft_model
 
     model_input = {"config": config}
@@ -530,8 +547,9 @@ def test_a_routed_experts_model_is_estimated_as_measured(
     for tier in TIERS:
         measured = measure_activation_bytes(model, tier, padded=padded, **shape)
         assert activation_bytes(facts.arch, full.step, tier) == measured, tier
-    lora = prepare(facts, parse_workload({**shape, "padded": padded, "method": "lora"}))
-    lora_config = LoraConfig(r=16, target_modules="all-linear", lora_dropout=0.0)
+    workload = {**shape, "padded": padded, "method": "lora", "lora_targets": targets}
+    lora = prepare(facts, parse_workload(workload))
+    lora_config = LoraConfig(r=16, target_modules=targets or "all-linear", lora_dropout=0.0)
     peft_model = get_peft_model(model.to(torch.bfloat16), lora_config)
     peft_model.enable_input_require_grads()
     assert lora.static.trainable_parameters == sum(

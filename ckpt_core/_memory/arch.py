@@ -69,6 +69,8 @@ class Arch:
     qkv_bias: bool = False
     norm: str = "rms"  # rms | rms_gemma | rms_olmo | layer | t5
     qk_norm: str = ""  # "" | head | full
+    # OLMoE's ``clip_qkv``: q, k and v clamped in place, each clamp keeping a copy.
+    clip_qkv: bool = False
     # Hunyuan normalizes the rotated q and k (the same bytes kept, in another order).
     qk_norm_after_rope: bool = False
     sandwich: str = ""  # "" | gemma (4 norms per block) | olmo2 (post-norms only)

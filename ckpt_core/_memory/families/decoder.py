@@ -198,6 +198,9 @@ def _attention(led: Ledger, arch: Arch, step: Step, x: str, sliding: bool) -> No
     elif arch.qk_norm == "full":  # OLMo-2 normalizes the whole projections
         norm(led, step, q_raw, "q_norm", kind=arch.norm, rows=tokens, width=q)
         norm(led, step, k_raw, "k_norm", kind=arch.norm, rows=tokens, width=kv)
+    if arch.clip_qkv:  # OlmoeAttention: `query_states.clamp_(...)`, and k's and v's
+        for name, width in (("q", q), ("k", kv), ("v", kv)):
+            led.keep(f"{name}.clamped", elem_bytes * tokens * width)
     rope_products(led, arch, step, sliding)
     if arch.query_scaling:  # `query_states * scale`: the product replaces the rotated q
         led.keep("q_scale", elem_bytes * step.seq)
@@ -349,6 +352,7 @@ FAMILY = Family(
         "qwen3",
         "qwen3_moe",
         "qwen2_moe",
+        "olmoe",
         "gpt_oss",
         "phi3",
         "olmo2",

@@ -79,6 +79,7 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         norm=norm,
         qk_norm=_qk_norm(model_type),
         qk_norm_after_rope=model_type == "hunyuan_v1_dense",
+        clip_qkv=model_type == "olmoe" and getattr(config, "clip_qkv", None) is not None,
         sandwich="gemma" if sandwiched else "olmo2" if post_norms else "",
         rope_fp32=olmo,
         rope_per_kind=model_type in ("gemma3_text", "gemma3", "olmo3"),
@@ -105,7 +106,7 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         moe_intermediate=read_int(config, "moe_intermediate_size", "intermediate_size")
         if any(moe_layers)
         else 0,
-        router_in_dtype=model_type in ("qwen3_moe", "qwen2_moe", "gpt_oss"),
+        router_in_dtype=model_type in ("qwen3_moe", "qwen2_moe", "olmoe", "gpt_oss"),
         norm_topk=bool(getattr(config, "norm_topk_prob", True)),
         shared_expert_intermediate=read_int(config, "shared_expert_intermediate_size", default=0)
         if qwen2_moe and any(moe_layers)
@@ -149,8 +150,8 @@ def _rotary_dim(config: Any, head_dim: int) -> int:
 
 
 def _qk_norm(model_type: str) -> str:
-    """Qwen3, Gemma 3, EXAONE 4 and Hunyuan normalize q and k per head; OLMo-2 and OLMo-3
-    over the whole projections."""
+    """Qwen3, Gemma 3, EXAONE 4 and Hunyuan normalize q and k per head; OLMo-2, OLMo-3
+    and OLMoE over the whole projections."""
     if model_type in ("qwen3", "qwen3_moe", "gemma3_text", "gemma3", "exaone4", "hunyuan_v1_dense"):
         return "head"
-    return "full" if model_type in ("olmo2", "olmo3") else ""
+    return "full" if model_type in ("olmo2", "olmo3", "olmoe") else ""
