@@ -258,7 +258,10 @@ class WorkloadSpec(MeasureSpec):
     lora_targets: list[Annotated[str, Field(pattern=r"\S")]] | None = Field(
         None,
         min_length=1,
-        description="Module-name suffixes LoRA adapts; null: every linear of attention and MLP.",
+        description=(
+            "Module-name suffixes LoRA adapts; null: every linear of attention and MLP, and an "
+            "MoE's stacked experts and router where PEFT adapts them (as all-linear)."
+        ),
     )
     optimizer: OptimizerField = "adamw"
     headroom: float = Field(

@@ -103,6 +103,23 @@ _SPECS: dict[str, _Spec] = {
             "shared_expert_intermediate_size": 32,
         },
     ),
+    "qwen3_moe": _Spec(
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        {
+            **_DECODER,
+            "head_dim": 8,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 48,
+            "norm_topk_prob": True,
+        },
+    ),
+    "olmoe": _Spec(
+        "OlmoeConfig",
+        "OlmoeForCausalLM",
+        {**_DECODER, "num_experts": 4, "num_experts_per_tok": 2, "clip_qkv": 8.0},
+    ),
     "mixtral": _Spec(
         "MixtralConfig",
         "MixtralForCausalLM",

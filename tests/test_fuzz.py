@@ -144,7 +144,8 @@ def _block_linears(model_json: str) -> tuple[str, ...]:
             workload={"seq_len": 8, "method": "lora", "lora_targets": ["\x00"]},
         )
     except ckpt_core.InvalidWorkloadError as exc:
-        return tuple(exc.message.split("its block linears are ", 1)[1].split(", "))
+        listed = exc.message.split("its block linears are ", 1)[1].split(";")[0]
+        return tuple(listed.split(", "))
     raise AssertionError("a target that matches nothing was accepted")
 
 

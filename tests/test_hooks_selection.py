@@ -24,6 +24,8 @@ STACKS: dict[str, dict[str, tuple[str, ...]]] = {
     "qwen2": _DECODER,
     "qwen3": _DECODER,
     "qwen2_moe": _DECODER,
+    "qwen3_moe": _DECODER,
+    "olmoe": _DECODER,
     "mixtral": _DECODER,
     "gemma": _DECODER,
     "gemma2": _DECODER,

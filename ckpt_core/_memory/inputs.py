@@ -121,6 +121,10 @@ def prepare(facts: Facts, workload: Workload, gpu: str | None = None) -> Run:
         workload.lora_rank * (linear.fan_in + linear.fan_out) * linear.count
         for linear in layout.linears
         if linear.name in targets
+    ) + sum(
+        parameter.adapter_parameters(workload.lora_rank)
+        for parameter in layout.adapted_parameters
+        if parameter.name in targets
     )
     idle_adapters = _idle_adapters(layout, workload)
     kernel, note = _attention(arch, workload.attention)
@@ -182,22 +186,42 @@ def _check_fits_model(arch: Arch, workload: Workload) -> None:
 
 
 def _lora_targets(layout: ParamLayout, workload: Workload) -> frozenset[str]:
-    """Block linears the adapters go on: every one by default, else those matching by suffix."""
-    names = [linear.name for linear in layout.linears]
+    """Block linears and parameters the adapters go on: every one by default (PEFT's
+    ``all-linear``), else those matching by suffix.  A name PEFT maps onto a parameter
+    (an MoE expert projection) adapts that parameter instead of any linear of that name."""
     if workload.method == "full":
         return frozenset()
+    linears = [linear.name for linear in layout.linears]
+    parameters = layout.adapted_parameters
+    mapped = {name for parameter in parameters for name in parameter.targets}
     if workload.lora_targets is None:
-        return frozenset(names)
+        kept = [name for name in linears if name.rsplit(".", 1)[-1] not in mapped]
+        return frozenset(kept + [parameter.name for parameter in parameters])
     chosen: set[str] = set()
+    named: set[str] = set()
     for target in workload.lora_targets:
-        matched = [n for n in names if matches_target(n, target)]
+        maps = [name for name in mapped if target == name or target.endswith("." + name)]
+        matched = [p.name for p in parameters if set(maps) & set(p.targets)]
+        if not maps:
+            matched = [name for name in linears if matches_target(name, target)]
         if not matched:
+            experts = f"; PEFT maps {', '.join(sorted(mapped))} onto its experts" if mapped else ""
             raise InvalidWorkloadError(
                 f"lora target {target!r} matches no linear layer of this model; its block "
-                f"linears are {', '.join(names)}",
+                f"linears are {', '.join(linears)}{experts}",
                 field="workload.lora_targets",
             )
         chosen.update(matched)
+        named.update(maps)
+    for parameter in parameters:
+        missing = set(parameter.targets) - named
+        if parameter.name in chosen and missing:
+            raise InvalidWorkloadError(
+                f"lora targets {', '.join(sorted(set(parameter.targets) & named))} need "
+                f"{', '.join(sorted(missing))} too: PEFT adapts {parameter.name} for them "
+                "together and refuses one alone",
+                field="workload.lora_targets",
+            )
     return frozenset(chosen)
 
 

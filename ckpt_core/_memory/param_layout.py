@@ -44,6 +44,29 @@ class Linear:
 
 
 @dataclass(frozen=True, slots=True)
+class AdaptedParameter:
+    """A parameter PEFT adapts where a model once had linear modules: transformers 5 stacks
+    an MoE layer's experts into 3-D tensors and makes the router a module of its own, and
+    PEFT maps the old modules' names in ``target_modules`` (or ``all-linear``) onto them.
+
+    ``targets``: those names, which PEFT takes together only (gate and up fused into
+    one tensor: the adapter's rank is the LoRA rank times their number); ``experts``
+    stacked matrices of ``fan_in`` x ``fan_out`` in each of ``count`` layers.
+    """
+
+    name: str
+    targets: tuple[str, ...]
+    experts: int
+    fan_in: int
+    fan_out: int
+    count: int
+
+    def adapter_parameters(self, rank: int) -> int:
+        """lora_A and lora_B: the rank per expert, each expert's in and out features."""
+        return rank * len(self.targets) * self.experts * (self.fan_in + self.fan_out) * self.count
+
+
+@dataclass(frozen=True, slots=True)
 class ParamLayout:
     """Where a model's parameters are; all counts in parameters (not bytes)."""
 
@@ -56,6 +79,8 @@ class ParamLayout:
     # Its linears, in module order (per layer, then the projector's): an adapter target
     # matching one by suffix gets an adapter there too (PEFT), which never trains.
     idle_linears: tuple[Linear, ...] = ()
+    # Parameters PEFT adapts in place of the modules a LoRA target names (fused experts).
+    adapted_parameters: tuple[AdaptedParameter, ...] = ()
 
     @property
     def linear_parameters(self) -> int:

@@ -65,6 +65,9 @@ def widest_gradients(arch: Arch, step: Step) -> int:
     widest = elem_bytes * tokens * inner
     if arch.is_moe:
         widest = max(widest, 2 * elem_bytes * tokens * arch.top_k * arch.moe_intermediate)
+    if step.adapted("mlp.experts.gate_up_proj"):  # PEFT's parametrized weight's gradient
+        stacked = arch.experts * 2 * arch.moe_intermediate * arch.hidden
+        widest = max(widest, step.residual_bytes * stacked)
     if step.attention == "eager":  # the softmax's output and its input's gradient
         scores = step.batch * arch.heads * step.seq * step.seq
         widest = max(widest, (eager_softmax_bytes(arch, elem_bytes) + elem_bytes) * scores)

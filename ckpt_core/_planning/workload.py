@@ -57,7 +57,8 @@ class Workload:
     weights: WeightStorage | None = None  # None: same as dtype (nf4 for qlora)
     method: Method = "full"
     lora_rank: int = 16
-    lora_targets: tuple[str, ...] | None = None  # None: every linear of attention + MLP
+    # None: every linear of attention + MLP, as PEFT's all-linear (an MoE's experts too)
+    lora_targets: tuple[str, ...] | None = None
     optimizer: Optimizer = "adamw"
     attention: Attention = "sdpa"
     headroom: float = 0.1

@@ -53,7 +53,12 @@ from ckpt_core._memory.ledger import (
 )
 from ckpt_core._memory.model_trace import LLAMA, TraceModel
 from ckpt_core._memory.olmo2_trace import OLMO2
-from ckpt_core._memory.param_layout import Linear, ParamLayout, embedding_parameters
+from ckpt_core._memory.param_layout import (
+    AdaptedParameter,
+    Linear,
+    ParamLayout,
+    embedding_parameters,
+)
 
 # --- parameters -------------------------------------------------------------------
 
@@ -106,7 +111,33 @@ def _param_layout(arch: Arch) -> ParamLayout:
     linears = tuple(item for item in (*attention, *mlp) if item.count)
     idle = sum(vision_tensors(arch))
     layout = ParamLayout(linears, experts, embedding_parameters(arch), other, idle)
-    return replace(layout, idle_linears=vision_linears(arch))
+    adapted = _adapted_experts(arch, moe)
+    return replace(layout, idle_linears=vision_linears(arch), adapted_parameters=adapted)
+
+
+# Model types whose LoRA targets PEFT (0.21, on transformers 5) maps onto the stacked
+# experts and the router (transformers_weight_conversion's MoE mapping), with the names of
+# the modules they replaced: gate and up (fused into gate_up_proj), then down.
+_PEFT_EXPERT_TARGETS: dict[str, tuple[str, str, str]] = {
+    "mixtral": ("w1", "w3", "w2"),
+    "qwen3_moe": ("gate_proj", "up_proj", "down_proj"),
+    "olmoe": ("gate_proj", "up_proj", "down_proj"),
+}
+
+
+def _adapted_experts(arch: Arch, layers: int) -> tuple[AdaptedParameter, ...]:
+    """The experts' gate_up_proj and down_proj, and the router's weight, as PEFT adapts
+    them in each of the ``layers`` MoE layers."""
+    names = _PEFT_EXPERT_TARGETS.get(arch.model_type)
+    if names is None or not layers:
+        return ()
+    gate, up, down = names
+    h, inter, experts = arch.hidden, arch.moe_intermediate, arch.experts
+    return (
+        AdaptedParameter("mlp.experts.gate_up_proj", (gate, up), experts, h, 2 * inter, layers),
+        AdaptedParameter("mlp.experts.down_proj", (down,), experts, inter, h, layers),
+        AdaptedParameter("mlp.gate.weight", ("gate",), 1, h, experts, layers),
+    )
 
 
 # --- what the forward keeps -------------------------------------------------------
@@ -232,11 +263,12 @@ def _glu_mlp(
 
 
 def _moe(led: Ledger, arch: Arch, step: Step, x: str) -> None:
-    """Router + transformers' grouped_mm experts over tokens x top_k rows."""
+    """Router + transformers' grouped_mm experts over tokens x top_k rows; PEFT's adapters
+    on them (`_adapted_weights`)."""
     elem_bytes, tokens, h = step.dtype_bytes, step.tokens, arch.hidden
     rows, inter, experts = tokens * arch.top_k, arch.moe_intermediate, arch.experts
     trained = step.trainable_weights
-    if trained:
+    if trained or step.adapted("mlp.gate.weight"):
         led.keep(x, elem_bytes * tokens * h)  # the router's weight gradient
     led.keep("router.softmax", 4 * tokens * experts)
     led.keep("router.top_index", 8 * rows)
@@ -246,16 +278,39 @@ def _moe(led: Ledger, arch: Arch, step: Step, x: str) -> None:
     for name in ("experts.perm", "experts.token_index", "experts.inverse_perm"):
         led.keep(name, 8 * rows)
     led.keep("experts.offsets", 4 * experts)
-    if trained:
+    if trained or step.adapted("mlp.experts.gate_up_proj"):
         led.keep("experts.selected", elem_bytes * rows * h)
     led.keep("experts.gate_up", 2 * elem_bytes * rows * inter)
     led.keep("experts.act", elem_bytes * rows * inter)
-    if trained:
+    if trained or step.adapted("mlp.experts.down_proj"):
         led.keep("experts.product", elem_bytes * rows * inter)
     led.keep("experts.down", elem_bytes * rows * h)
     led.keep("experts.weights", (elem_bytes if arch.router_in_dtype else 4) * rows)
     if arch.shared_expert_intermediate:
         _shared_expert(led, arch, step, x)
+    _adapted_weights(led, arch, step)
+
+
+def _adapted_weights(led: Ledger, arch: Arch, step: Step) -> None:
+    """PEFT's adapters on the stacked experts and the router (`AdaptedParameter`).
+
+    Each adapted weight is parametrized for the forward: the experts' ``W +
+    scaling * lhs @ rhs`` (one ``baddbmm``, in the weight's dtype, from the factors
+    cast to it: copies when the fp32 adapters are not in that dtype, which it keeps),
+    the router's ``W + delta``; the matmul keeps that whole new weight for its input's
+    gradient.  The experts' weights are in the residual stream's dtype (fp32 after
+    kbit preparation or under autocast)."""
+    weight_bytes, rank = step.residual_bytes, step.lora_rank
+    h, inter, experts = arch.hidden, arch.moe_intermediate, arch.experts
+    stacked = (("gate_up_proj", h, 2 * inter, 2 * rank), ("down_proj", inter, h, rank))
+    for name, fan_in, fan_out, factor_rank in stacked:
+        if step.adapted(f"mlp.experts.{name}"):
+            led.keep(f"experts.{name}.weight", weight_bytes * experts * fan_in * fan_out)
+            if weight_bytes != 4:
+                factors = weight_bytes * experts * factor_rank * (fan_in + fan_out)
+                led.keep(f"experts.{name}.factors", factors)
+    if step.adapted("mlp.gate.weight"):
+        led.keep("router.weight", weight_bytes * experts * h)
 
 
 def _shared_expert(led: Ledger, arch: Arch, step: Step, x: str) -> None:
