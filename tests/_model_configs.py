@@ -239,6 +239,49 @@ QWEN2_MOE_SPARSE: Final[dict[str, Any]] = {
     "max_window_layers": 3,
 }
 
+# GLM-4.5-Air's config with four layers: the first dense, then 128 routed experts (top 8)
+# chosen by an fp32 sigmoid router beside a shared expert; biased q / k / v, RoPE on half
+# of each head.  The grouped variant: GLM-4.5's q / k norms, group-limited routing,
+# unnormalized scaled weights, two dense layers.
+GLM4_MOE: Final[dict[str, Any]] = {
+    "model_type": "glm4_moe",
+    "architectures": ["Glm4MoeForCausalLM"],
+    "attention_bias": True,
+    "first_k_dense_replace": 1,
+    "head_dim": 128,
+    "hidden_size": 4096,
+    "intermediate_size": 10944,
+    "max_position_embeddings": 131072,
+    "moe_intermediate_size": 1408,
+    "n_group": 1,
+    "n_routed_experts": 128,
+    "n_shared_experts": 1,
+    "norm_topk_prob": True,
+    "num_attention_heads": 96,
+    "num_experts_per_tok": 8,
+    "num_hidden_layers": 4,
+    "num_key_value_heads": 8,
+    "partial_rotary_factor": 0.5,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000,
+    "routed_scaling_factor": 1.0,
+    "tie_word_embeddings": False,
+    "topk_group": 1,
+    "use_qk_norm": False,
+    "vocab_size": 151552,
+    "pad_token_id": 151329,
+    "eos_token_id": [151329, 151336, 151338],
+}
+GLM4_MOE_GROUPED: Final[dict[str, Any]] = {
+    **GLM4_MOE,
+    "use_qk_norm": True,
+    "n_group": 8,
+    "topk_group": 4,
+    "norm_topk_prob": False,
+    "routed_scaling_factor": 2.5,
+    "first_k_dense_replace": 2,
+}
+
 # OLMoE-1B-7B-0924's config with four layers: 64 routed experts (top 8) in every layer,
 # q and k normalized over the whole projections.  The clipped variant adds GQA, biases,
 # normalized top-k weights and ``clip_qkv`` (q, k and v clamped in place).

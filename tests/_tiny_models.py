@@ -120,6 +120,24 @@ _SPECS: dict[str, _Spec] = {
         "OlmoeForCausalLM",
         {**_DECODER, "num_experts": 4, "num_experts_per_tok": 2, "clip_qkv": 8.0},
     ),
+    "glm4_moe": _Spec(
+        "Glm4MoeConfig",
+        "Glm4MoeForCausalLM",
+        {
+            **_DECODER,
+            "head_dim": 8,
+            "n_routed_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 16,
+            "n_shared_experts": 1,
+            "first_k_dense_replace": 1,
+            "n_group": 2,
+            "topk_group": 1,
+            "use_qk_norm": True,
+            "attention_bias": True,
+            "partial_rotary_factor": 0.5,
+        },
+    ),
     "mixtral": _Spec(
         "MixtralConfig",
         "MixtralForCausalLM",
@@ -342,6 +360,20 @@ def tiny_model(arch: str, *, seed: int = 0, **overrides: Any) -> Any:
     torch.manual_seed(seed)
     model = getattr(transformers, _spec(arch).model_cls)(config)
     return model.train()
+
+
+def as_loaded(model: Any, dtype: Any) -> Any:
+    """``model`` in ``dtype`` as ``from_pretrained(dtype=...)`` loads it: the parameters
+    its ``_keep_in_fp32_modules_strict`` names (searched in each name, as the loader
+    does: GLM-4.5's router weight) stay fp32."""
+    import re
+
+    model.to(dtype)
+    keep = getattr(model, "_keep_in_fp32_modules_strict", None) or ()
+    for name, parameter in model.named_parameters():
+        if any(re.search(entry, name) for entry in keep):
+            parameter.data = parameter.data.float()
+    return model
 
 
 def tiny_batch(arch: str, config: Any, *, seed: int = 1) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from ckpt_core import InvalidWorkloadError
 from ckpt_core._memory.activations import activation_bytes
 from ckpt_core._memory.inputs import model_facts, parse_workload, prepare
 from ckpt_core._meta.measure import measure_activation_bytes
-from tests._tiny_models import tiny_model
+from tests._tiny_models import as_loaded, tiny_model
 
 TIERS = ("off", "selective", "medium", "full")
 # The names PEFT maps onto the experts' gate_up_proj (two), down_proj and the router.
@@ -29,6 +29,7 @@ EXPERT_NAMES = {
     "mixtral": ["w1", "w3", "w2", "gate"],
     "qwen3_moe": ["gate_proj", "up_proj", "down_proj", "gate"],
     "olmoe": ["gate_proj", "up_proj", "down_proj", "gate"],
+    "glm4_moe": ["gate_proj", "up_proj", "down_proj", "gate"],
 }
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -36,10 +37,10 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 def _peft_model(arch: str, dtype: str, targets: list[str] | None) -> tuple[Any, dict[str, Any]]:
     from peft import LoraConfig, get_peft_model
 
-    model = tiny_model(arch, num_layers=2, attn_implementation="eager")
+    model = as_loaded(tiny_model(arch, num_layers=2, attn_implementation="eager"), DTYPES[dtype])
     config = json.loads(model.config.to_json_string())
     lora = LoraConfig(r=4, target_modules=targets or "all-linear", lora_dropout=0.0)
-    peft_model = get_peft_model(model.to(DTYPES[dtype]), lora)
+    peft_model = get_peft_model(model, lora)
     peft_model.enable_input_require_grads()
     return peft_model, config
 
@@ -53,8 +54,10 @@ def test_expert_adapters_are_estimated_as_peft_trains_them(
     """Each adapted stacked weight keeps the rebuilt weight (for its input's gradient)
     and, when the fp32 factors are cast to a half weight's dtype, those copies; the
     grouped matmul keeps its input rows for the weight's gradient; the router keeps its
-    rebuilt weight and its input.  ``all``: PEFT's ``all-linear`` (attention, experts,
-    router).  Trained parameters and kept bytes to the byte, every tier."""
+    rebuilt weight and its input; GLM-4.5's shared experts and dense layers lose their
+    adapters, since PEFT takes their names for the experts.  ``all``: PEFT's
+    ``all-linear`` (attention, experts, router).  Trained parameters and kept bytes to
+    the byte, every tier."""
     names = EXPERT_NAMES[arch]
     targets = None if experts == "all" else ["q_proj", *names[:2]]
     peft_model, config = _peft_model(arch, dtype, targets)
@@ -93,7 +96,7 @@ def test_one_of_a_fused_pair_is_refused_as_peft_refuses_it(arch: str) -> None:
     from peft import LoraConfig, get_peft_model
 
     first, second = EXPERT_NAMES[arch][:2]
-    model = tiny_model(arch, num_layers=1)
+    model = tiny_model(arch, num_layers=2)  # GLM-4.5's first layer is dense
     with pytest.raises(ValueError, match=second):
         get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", first]))
     config = json.loads(model.config.to_json_string())

@@ -26,6 +26,7 @@ STACKS: dict[str, dict[str, tuple[str, ...]]] = {
     "qwen2_moe": _DECODER,
     "qwen3_moe": _DECODER,
     "olmoe": _DECODER,
+    "glm4_moe": _DECODER,
     "mixtral": _DECODER,
     "gemma": _DECODER,
     "gemma2": _DECODER,

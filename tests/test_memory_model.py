@@ -28,6 +28,8 @@ from tests._model_configs import (
     EXAONE4,
     GEMMA,
     GLM4,
+    GLM4_MOE,
+    GLM4_MOE_GROUPED,
     GPT_OSS,
     GRANITE,
     HUNYUAN,
@@ -42,7 +44,7 @@ from tests._model_configs import (
     QWEN2_MOE_SPARSE,
     SMOLLM3,
 )
-from tests._tiny_models import tiny_model
+from tests._tiny_models import as_loaded, tiny_model
 
 TIERS = ("off", "selective", "medium", "full")
 TOLERANCE = 0.02  # the contract is 10%
@@ -510,6 +512,8 @@ ATTENTION_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
         (QWEN2_MOE_SPARSE, "sdpa", None),
         (OLMOE, "sdpa", ATTENTION_TARGETS),
         (OLMOE_CLIPPED, "eager", ATTENTION_TARGETS),
+        (GLM4_MOE, "sdpa", ATTENTION_TARGETS),
+        (GLM4_MOE_GROUPED, "eager", ATTENTION_TARGETS),
     ],
     ids=[
         "gpt_oss-eager",
@@ -519,6 +523,8 @@ ATTENTION_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
         "qwen2_moe-sparse",
         "olmoe-sdpa",
         "olmoe-clipped",
+        "glm4_moe-sdpa",
+        "glm4_moe-grouped",
     ],
 )
 def test_a_routed_experts_model_is_estimated_as_measured(
@@ -533,9 +539,12 @@ def test_a_routed_experts_model_is_estimated_as_measured(
     gate the product keeps; its LoRA adapts the shared expert and its gate too
     (``all-linear``); with a sparse step, dense layers between.  OLMoE: q and k
     normalized over the whole projections; ``clip_qkv`` clamps q, k and v in place, each
-    clamp keeping a copy.  Full fine-tune and PEFT's LoRA (trained as with
-    checkpointing; ``all-linear`` unless targets are given), to the byte; the parameter
-    count equals the built model's."""
+    clamp keeping a copy.  GLM-4.5: an fp32 router (its weight fp32 in any load, so a
+    half input is copied to fp32) scoring by a sigmoid it keeps, a shared expert added as
+    it is, leading dense layers, RoPE on half of each head.  Full fine-tune and PEFT's
+    LoRA (trained as with checkpointing; ``all-linear`` unless targets are given), to
+    the byte; the parameter count equals the built model's, and the weights' bytes as
+    loaded in bf16 PEFT's model's."""
     from peft import LoraConfig, get_peft_model
 
     model_input = {"config": config}
@@ -550,11 +559,12 @@ def test_a_routed_experts_model_is_estimated_as_measured(
     workload = {**shape, "padded": padded, "method": "lora", "lora_targets": targets}
     lora = prepare(facts, parse_workload(workload))
     lora_config = LoraConfig(r=16, target_modules=targets or "all-linear", lora_dropout=0.0)
-    peft_model = get_peft_model(model.to(torch.bfloat16), lora_config)
+    peft_model = get_peft_model(as_loaded(model, torch.bfloat16), lora_config)
     peft_model.enable_input_require_grads()
     assert lora.static.trainable_parameters == sum(
         p.numel() for p in peft_model.parameters() if p.requires_grad
     )
+    assert lora.static.weights == sum(p.nbytes for p in peft_model.parameters())
     for tier in TIERS:
         measured = measure_activation_bytes(peft_model, tier, padded=padded, **shape)
         assert activation_bytes(facts.arch, lora.step, tier) == measured, tier

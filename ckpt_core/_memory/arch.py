@@ -115,9 +115,13 @@ class Arch:
     # The top-k routing weights are divided by their sum (Mixtral always; the Qwen MoEs by
     # ``norm_topk_prob``), which keeps the sum and the weights for backward.
     norm_topk: bool = True
-    # Qwen2-MoE: a gated MLP of this width runs on every token beside the routed experts,
-    # its output scaled by ``sigmoid(shared_expert_gate(x))``.
+    # A gated MLP of this width runs on every token beside the routed experts (Qwen2-MoE's
+    # ``shared_expert``, its output scaled by ``sigmoid(shared_expert_gate(x))``; GLM-4.5's
+    # ``shared_experts``, added as it is).
     shared_expert_intermediate: int = 0
+    # GLM-4.5 (DeepSeek-V3's router): an fp32 router (its weight kept in fp32 whatever the
+    # load) scores experts by a sigmoid and chooses them within the best groups.
+    sigmoid_router: bool = False
     # gpt-oss: the router and the experts have biases, and its experts gate with a clamped
     # SwiGLU (``(up + 1) * gate * sigmoid(alpha * gate)``).
     clamped_swiglu: bool = False

@@ -137,11 +137,12 @@ def static_memory(
     ``keep_in_fp32``: the linears transformers keeps in fp32 when it loads in fp16
     (`Family.keep_in_fp32`), which bitsandbytes never quantizes; ``fp32_linears``:
     those this load keeps in fp32 (`Step.fp32_linears`), whose gradients and
-    optimizer states are fp32 too in a full fine-tune.  ``idle_adapters``:
+    optimizer states are fp32 too in a full fine-tune, as are those of the
+    parameters every load keeps in fp32 (`ParamLayout.fp32_other`).  ``idle_adapters``:
     parameters of the adapters on a tower text-only training never runs (fp32
     weights, never trained).
     """
-    wide = sum(linear.parameters for linear in _named(layout, fp32_linears))
+    wide = sum(linear.parameters for linear in _named(layout, fp32_linears)) + layout.fp32_other
     weights = _weight_bytes(layout, workload, _named(layout, keep_in_fp32), wide)
     if workload.method == "full":
         trainable = layout.trained

@@ -81,6 +81,8 @@ class ParamLayout:
     idle_linears: tuple[Linear, ...] = ()
     # Parameters PEFT adapts in place of the modules a LoRA target names (fused experts).
     adapted_parameters: tuple[AdaptedParameter, ...] = ()
+    # Of ``other``: kept in fp32 in any load (``_keep_in_fp32_modules_strict``).
+    fp32_other: int = 0
 
     @property
     def linear_parameters(self) -> int:

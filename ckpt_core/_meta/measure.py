@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import re
 import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final
@@ -271,13 +272,13 @@ def _cast(model: nn.Module, dtype: torch.dtype) -> Iterator[None]:
     """
     import torch
 
-    keep = _keep_fp32_names(model, dtype)
+    keep = _keep_fp32_pattern(model, dtype)
     adapters = not all(p.requires_grad for p in model.parameters())
     originals: list[tuple[torch.Tensor, torch.dtype]] = []
     for name, tensor in (*model.named_parameters(), *model.named_buffers()):
         if not tensor.is_floating_point() or (adapters and tensor.requires_grad):
             continue
-        target = torch.float32 if any(part in keep for part in name.split(".")) else dtype
+        target = torch.float32 if keep is not None and keep.search(name) else dtype
         if tensor.dtype != target:
             originals.append((tensor, tensor.dtype))
             tensor.data = tensor.data.to(target)
@@ -288,13 +289,17 @@ def _cast(model: nn.Module, dtype: torch.dtype) -> Iterator[None]:
             tensor.data = tensor.data.to(original)
 
 
-def _keep_fp32_names(model: nn.Module, dtype: torch.dtype) -> set[str]:
+def _keep_fp32_pattern(model: nn.Module, dtype: torch.dtype) -> re.Pattern[str] | None:
+    """The names ``from_pretrained`` keeps in fp32, matched as its loader does: each entry
+    (``*`` a wildcard) searched in the parameter's name (``gate.weight``: the router's)."""
     import torch
 
     keep = set(getattr(model, "_keep_in_fp32_modules_strict", None) or ())
     if dtype == torch.float16:
         keep |= set(getattr(model, "_keep_in_fp32_modules", None) or ())
-    return keep if dtype != torch.float32 else set()
+    if dtype == torch.float32 or not keep:
+        return None
+    return re.compile("|".join(entry.replace("*", ".*") for entry in sorted(keep)))
 
 
 @contextlib.contextmanager

@@ -1,11 +1,12 @@
-"""The decoder family: Llama, Mistral, Mixtral, Qwen2/3 (+ MoE), Phi-3, OLMo-2, Gemma 2/3,
-GLM-4, EXAONE 4 and their kin.
+"""The decoder family: Llama, Mistral, Mixtral, Qwen2/3 (+ MoE), Phi-3, OLMo-2, OLMoE,
+Gemma (1, 2, 3), GLM-4 (and 4.5), EXAONE 4 and their kin.
 
 What the memory model knows about these models once their config is read
 (`ckpt_core._memory.families.decoder_config`): where their parameters are, what
 each op of their forward keeps (RMS norms, rotary attention with GQA, sliding
-windows, sandwich norms, q/k norms, gated MLPs, top-k routed experts), which
-layer the replay runs, and their FLOPs.  Gemma 3's vision tower adds weights
+windows, sandwich norms, q/k norms; the MLPs and experts are
+`ckpt_core._memory.families.decoder_mlp`'s), which layer the replay runs, and
+their FLOPs.  Gemma 3's vision tower adds weights
 only: text-only training never runs it.
 
 Pure arithmetic.
@@ -34,6 +35,13 @@ from ckpt_core._memory.costs import (
 )
 from ckpt_core._memory.exaone4_trace import EXAONE4
 from ckpt_core._memory.families.decoder_config import read_arch
+from ckpt_core._memory.families.decoder_mlp import (
+    adapted_experts,
+    clamped_routed_mlp,
+    glu_mlp,
+    routed_mlp,
+    shared_module,
+)
 from ckpt_core._memory.families.vision import (
     vision_linears,
     vision_tensors,
@@ -46,7 +54,6 @@ from ckpt_core._memory.ledger import (
     BlockMode,
     Ledger,
     Step,
-    activation,
     causal_loss,
     linear,
     norm,
@@ -54,7 +61,6 @@ from ckpt_core._memory.ledger import (
 from ckpt_core._memory.model_trace import LLAMA, TraceModel
 from ckpt_core._memory.olmo2_trace import OLMO2
 from ckpt_core._memory.param_layout import (
-    AdaptedParameter,
     Linear,
     ParamLayout,
     embedding_parameters,
@@ -77,7 +83,7 @@ def _param_layout(arch: Arch) -> ParamLayout:
         ]
     )
     # q / k / v biases only
-    o_bias = arch.qkv_bias and arch.model_type not in ("qwen2", "qwen2_moe", "glm4")
+    o_bias = arch.qkv_bias and arch.model_type not in ("qwen2", "qwen2_moe", "glm4", "glm4_moe")
     attention.append(Linear("self_attn.o_proj", q, h, n, o_bias))
     mlp_bias = arch.mlp_bias
     inter = arch.intermediate
@@ -91,14 +97,15 @@ def _param_layout(arch: Arch) -> ParamLayout:
         ]
     )
     moe = n - dense
-    shared = arch.shared_expert_intermediate
-    if shared:  # Qwen2-MoE's shared expert and its gate, in each MoE layer
+    shared, module = arch.shared_expert_intermediate, shared_module(arch)
+    if shared:  # the shared expert (and Qwen2-MoE's gate for it), in each MoE layer
         mlp += [
-            Linear("mlp.shared_expert.gate_proj", h, shared, moe),
-            Linear("mlp.shared_expert.up_proj", h, shared, moe),
-            Linear("mlp.shared_expert.down_proj", shared, h, moe),
-            Linear("mlp.shared_expert_gate", h, 1, moe),
+            Linear(f"{module}.gate_proj", h, shared, moe),
+            Linear(f"{module}.up_proj", h, shared, moe),
+            Linear(f"{module}.down_proj", shared, h, moe),
         ]
+        if arch.model_type == "qwen2_moe":
+            mlp.append(Linear("mlp.shared_expert_gate", h, 1, moe))
     experts = moe * arch.experts * 3 * h * arch.moe_intermediate
     router = moe * arch.experts * h
     if arch.clamped_swiglu:  # gpt-oss: biased router and experts
@@ -111,32 +118,12 @@ def _param_layout(arch: Arch) -> ParamLayout:
     linears = tuple(item for item in (*attention, *mlp) if item.count)
     idle = sum(vision_tensors(arch))
     layout = ParamLayout(linears, experts, embedding_parameters(arch), other, idle)
-    adapted = _adapted_experts(arch, moe)
-    return replace(layout, idle_linears=vision_linears(arch), adapted_parameters=adapted)
-
-
-# Model types whose LoRA targets PEFT (0.21, on transformers 5) maps onto the stacked
-# experts and the router (transformers_weight_conversion's MoE mapping), with the names of
-# the modules they replaced: gate and up (fused into gate_up_proj), then down.
-_PEFT_EXPERT_TARGETS: dict[str, tuple[str, str, str]] = {
-    "mixtral": ("w1", "w3", "w2"),
-    "qwen3_moe": ("gate_proj", "up_proj", "down_proj"),
-    "olmoe": ("gate_proj", "up_proj", "down_proj"),
-}
-
-
-def _adapted_experts(arch: Arch, layers: int) -> tuple[AdaptedParameter, ...]:
-    """The experts' gate_up_proj and down_proj, and the router's weight, as PEFT adapts
-    them in each of the ``layers`` MoE layers."""
-    names = _PEFT_EXPERT_TARGETS.get(arch.model_type)
-    if names is None or not layers:
-        return ()
-    gate, up, down = names
-    h, inter, experts = arch.hidden, arch.moe_intermediate, arch.experts
-    return (
-        AdaptedParameter("mlp.experts.gate_up_proj", (gate, up), experts, h, 2 * inter, layers),
-        AdaptedParameter("mlp.experts.down_proj", (down,), experts, inter, h, layers),
-        AdaptedParameter("mlp.gate.weight", ("gate",), 1, h, experts, layers),
+    return replace(
+        layout,
+        idle_linears=vision_linears(arch),
+        adapted_parameters=adapted_experts(arch, moe),
+        # GLM-4.5's `_keep_in_fp32_modules_strict`: the router's weight, in any load.
+        fp32_other=router if arch.sigmoid_router else 0,
     )
 
 
@@ -193,11 +180,11 @@ def _block(arch: Arch, step: Step, mode: BlockMode, kind: BlockKind) -> Ledger:
     else:
         mlp_in = norm(led, step, "mid", "ln_post", kind=arch.norm, rows=tokens, width=h)
     if moe and arch.clamped_swiglu:
-        _clamped_moe(led, arch, step, mlp_in)
+        clamped_routed_mlp(led, arch, step, mlp_in)
     elif moe:
-        _moe(led, arch, step, mlp_in)
+        routed_mlp(led, arch, step, mlp_in)
     else:
-        _glu_mlp(led, arch, step, mlp_in)
+        glu_mlp(led, arch, step, mlp_in)
     if arch.sandwich:
         norm(led, step, "mlp.out", "ln_post_mlp", kind=arch.norm, rows=tokens, width=h)
     return led
@@ -240,117 +227,6 @@ def _attention(led: Ledger, arch: Arch, step: Step, x: str, sliding: bool) -> No
     linear(led, step, out, q, "self_attn.o_proj")
 
 
-def _glu_mlp(
-    led: Ledger, arch: Arch, step: Step, x: str, *, module: str = "mlp", inter: int = 0
-) -> None:
-    """down(act(gate(x)) * up(x)) of ``module`` (``inter`` wide, the config's intermediate
-    size unless given); Phi-3 fuses gate and up into one projection."""
-    elem_bytes, tokens, h = step.dtype_bytes, step.tokens, arch.hidden
-    inter = inter or arch.intermediate
-    elements = tokens * inter
-    if arch.fused_gate_up:
-        linear(led, step, x, h, f"{module}.gate_up_proj")
-        led.keep(f"{module}.gate_up", 2 * elem_bytes * elements)  # gate and up are views of it
-        gate, up = f"{module}.gate_up", f"{module}.gate_up"
-    else:
-        linear(led, step, x, h, f"{module}.gate_proj")
-        linear(led, step, x, h, f"{module}.up_proj")
-        gate, up = f"{module}.gate", f"{module}.up"
-    act = activation(led, step, gate, tag=f"{module}.act", kind=arch.act, elements=elements)
-    led.keep(act, elem_bytes * elements)  # the product keeps both factors
-    led.keep(up, elem_bytes * elements)
-    linear(led, step, f"{module}.product", inter, f"{module}.down_proj")
-
-
-def _moe(led: Ledger, arch: Arch, step: Step, x: str) -> None:
-    """Router + transformers' grouped_mm experts over tokens x top_k rows; PEFT's adapters
-    on them (`_adapted_weights`)."""
-    elem_bytes, tokens, h = step.dtype_bytes, step.tokens, arch.hidden
-    rows, inter, experts = tokens * arch.top_k, arch.moe_intermediate, arch.experts
-    trained = step.trainable_weights
-    if trained or step.adapted("mlp.gate.weight"):
-        led.keep(x, elem_bytes * tokens * h)  # the router's weight gradient
-    led.keep("router.softmax", 4 * tokens * experts)
-    led.keep("router.top_index", 8 * rows)
-    if arch.norm_topk:  # `router_top_value /= router_top_value.sum(...)` keeps both
-        led.keep("router.top_sum", 4 * tokens)
-        led.keep("router.top_value", 4 * rows)
-    for name in ("experts.perm", "experts.token_index", "experts.inverse_perm"):
-        led.keep(name, 8 * rows)
-    led.keep("experts.offsets", 4 * experts)
-    if trained or step.adapted("mlp.experts.gate_up_proj"):
-        led.keep("experts.selected", elem_bytes * rows * h)
-    led.keep("experts.gate_up", 2 * elem_bytes * rows * inter)
-    led.keep("experts.act", elem_bytes * rows * inter)
-    if trained or step.adapted("mlp.experts.down_proj"):
-        led.keep("experts.product", elem_bytes * rows * inter)
-    led.keep("experts.down", elem_bytes * rows * h)
-    led.keep("experts.weights", (elem_bytes if arch.router_in_dtype else 4) * rows)
-    if arch.shared_expert_intermediate:
-        _shared_expert(led, arch, step, x)
-    _adapted_weights(led, arch, step)
-
-
-def _adapted_weights(led: Ledger, arch: Arch, step: Step) -> None:
-    """PEFT's adapters on the stacked experts and the router (`AdaptedParameter`).
-
-    Each adapted weight is parametrized for the forward: the experts' ``W +
-    scaling * lhs @ rhs`` (one ``baddbmm``, in the weight's dtype, from the factors
-    cast to it: copies when the fp32 adapters are not in that dtype, which it keeps),
-    the router's ``W + delta``; the matmul keeps that whole new weight for its input's
-    gradient.  The experts' weights are in the residual stream's dtype (fp32 after
-    kbit preparation or under autocast)."""
-    weight_bytes, rank = step.residual_bytes, step.lora_rank
-    h, inter, experts = arch.hidden, arch.moe_intermediate, arch.experts
-    stacked = (("gate_up_proj", h, 2 * inter, 2 * rank), ("down_proj", inter, h, rank))
-    for name, fan_in, fan_out, factor_rank in stacked:
-        if step.adapted(f"mlp.experts.{name}"):
-            led.keep(f"experts.{name}.weight", weight_bytes * experts * fan_in * fan_out)
-            if weight_bytes != 4:
-                factors = weight_bytes * experts * factor_rank * (fan_in + fan_out)
-                led.keep(f"experts.{name}.factors", factors)
-    if step.adapted("mlp.gate.weight"):
-        led.keep("router.weight", weight_bytes * experts * h)
-
-
-def _shared_expert(led: Ledger, arch: Arch, step: Step, x: str) -> None:
-    """Qwen2-MoE: ``sigmoid(shared_expert_gate(x)) * shared_expert(x)``; the sigmoid keeps
-    its output, which the product keeps with the shared MLP's output."""
-    elem_bytes, tokens = step.dtype_bytes, step.tokens
-    inter = arch.shared_expert_intermediate
-    _glu_mlp(led, arch, step, x, module="mlp.shared_expert", inter=inter)
-    linear(led, step, x, arch.hidden, "mlp.shared_expert_gate")
-    led.keep("mlp.shared_expert_gate.sigmoid", elem_bytes * tokens)
-    led.keep("mlp.shared_expert.out", elem_bytes * tokens * arch.hidden)
-
-
-def _clamped_moe(led: Ledger, arch: Arch, step: Step, x: str) -> None:
-    """gpt-oss's MLP: a biased router's top-k logits, softmaxed in the dtype, then
-    transformers' grouped_mm experts with gathered biases and its clamped SwiGLU
-    (``gate.clamp(max=limit)``, ``up.clamp(-limit, limit)``, ``gate * sigmoid(gate *
-    alpha)``, ``(up + 1) * glu``: each product keeps its factors)."""
-    elem_bytes, tokens, h = step.dtype_bytes, step.tokens, arch.hidden
-    rows, inter = tokens * arch.top_k, arch.moe_intermediate
-    trained = step.trainable_weights
-    if trained:
-        led.keep(x, elem_bytes * tokens * h)  # the router's weight gradient
-    led.keep("router.top_index", 8 * rows)
-    led.keep("router.top_softmax", elem_bytes * rows)
-    for name in ("experts.token_index", "experts.perm", "experts.inverse_perm"):
-        led.keep(name, 8 * rows)
-    if trained:  # the biases' gather keeps the sorted expert ids
-        led.keep("experts.sorted_ids", 8 * rows)
-        led.keep("experts.selected", elem_bytes * rows * h)
-    led.keep("experts.offsets", 4 * arch.experts)
-    led.keep("experts.gate_up", 2 * elem_bytes * rows * inter)  # the clamps keep its halves
-    for name in ("gate_clamped", "sigmoid", "glu", "up_plus_one"):
-        led.keep(f"experts.{name}", elem_bytes * rows * inter)
-    if trained:
-        led.keep("experts.product", elem_bytes * rows * inter)
-    led.keep("experts.down", elem_bytes * rows * h)
-    led.keep("experts.weights", elem_bytes * rows)
-
-
 # --- FLOPs ------------------------------------------------------------------------
 
 
@@ -360,7 +236,8 @@ def _block_flops(arch: Arch, step: Step, kind: BlockKind) -> BlockFlops:
     if kind.moe:
         h, shared = arch.hidden, arch.shared_expert_intermediate
         routed = arch.experts + arch.top_k * 3 * arch.moe_intermediate
-        mlp = 2 * step.tokens * h * (routed + (3 * shared + 1 if shared else 0))
+        gate = 1 if arch.model_type == "qwen2_moe" else 0  # its shared expert's gate
+        mlp = 2 * step.tokens * h * (routed + (3 * shared + gate if shared else 0))
         kept_after = True
     else:
         mlp = dense_mlp_flops(arch, step)
@@ -408,6 +285,7 @@ FAMILY = Family(
         "qwen3_moe",
         "qwen2_moe",
         "olmoe",
+        "glm4_moe",
         "gpt_oss",
         "phi3",
         "olmo2",

@@ -40,6 +40,7 @@ def _text_arch(config: Any, model_type: str) -> Arch:
     sandwiched = (gemma and model_type != "gemma") or glm
     gpt_oss = model_type == "gpt_oss"
     qwen2_moe = model_type == "qwen2_moe"
+    glm4_moe = model_type == "glm4_moe"  # GLM-4.5 / 4.6 and -Air
     # Qwen2MoeConfig sets the window to 0 without use_sliding_window; its model still
     # makes a sliding mask with it (unread then), and every layer attends in full.
     unset = qwen2_moe and getattr(config, "sliding_window", None) == 0
@@ -77,13 +78,13 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         qkv_bias=model_type == "qwen2"
         or bool(getattr(config, "qkv_bias" if qwen2_moe else "attention_bias", False)),
         norm=norm,
-        qk_norm=_qk_norm(model_type),
+        qk_norm=_qk_norm(config, model_type),
         qk_norm_after_rope=model_type == "hunyuan_v1_dense",
         clip_qkv=model_type == "olmoe" and getattr(config, "clip_qkv", None) is not None,
         sandwich="gemma" if sandwiched else "olmo2" if post_norms else "",
         rope_fp32=olmo,
         rope_per_kind=model_type in ("gemma3_text", "gemma3", "olmo3"),
-        rope_concat=model_type in ("phi3", "glm4", "gpt_oss"),
+        rope_concat=model_type in ("phi3", "glm4", "glm4_moe", "gpt_oss"),
         rotary_dim=_rotary_dim(config, head_dim),
         rope_interleaved=glm,
         rope_halves=gpt_oss,
@@ -108,9 +109,10 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         else 0,
         router_in_dtype=model_type in ("qwen3_moe", "qwen2_moe", "olmoe", "gpt_oss"),
         norm_topk=bool(getattr(config, "norm_topk_prob", True)),
-        shared_expert_intermediate=read_int(config, "shared_expert_intermediate_size", default=0)
-        if qwen2_moe and any(moe_layers)
+        shared_expert_intermediate=_shared_expert_intermediate(config, model_type)
+        if any(moe_layers)
         else 0,
+        sigmoid_router=glm4_moe,
         clamped_swiglu=gpt_oss,
         attn_dropout=float(getattr(config, "attention_dropout", 0.0) or 0.0),
         hidden_dropout=float(getattr(config, "resid_pdrop", 0.0) or 0.0),
@@ -120,10 +122,22 @@ def _text_arch(config: Any, model_type: str) -> Arch:
 
 
 def _moe_layers(config: Any, layers: int) -> tuple[bool, ...]:
-    """Which layers route to experts: Qwen-MoE's sparse step and dense-only list."""
+    """Which layers route to experts: Qwen-MoE's sparse step and dense-only list, GLM-4.5's
+    leading dense layers."""
     step = read_int(config, "decoder_sparse_step", default=1)
     dense = set(getattr(config, "mlp_only_layers", None) or ())
-    return tuple(i not in dense and (i + 1) % step == 0 for i in range(layers))
+    first = read_int(config, "first_k_dense_replace", default=0)
+    return tuple(i >= first and i not in dense and (i + 1) % step == 0 for i in range(layers))
+
+
+def _shared_expert_intermediate(config: Any, model_type: str) -> int:
+    """The shared expert's width: Qwen2-MoE's own size, GLM-4.5's experts' times their count."""
+    if model_type == "qwen2_moe":
+        return read_int(config, "shared_expert_intermediate_size", default=0)
+    if model_type == "glm4_moe":
+        shared = read_int(config, "n_shared_experts", default=0)
+        return shared * read_int(config, "moe_intermediate_size")
+    return 0
 
 
 def _nope_layers(
@@ -149,9 +163,11 @@ def _rotary_dim(config: Any, head_dim: int) -> int:
     return int(head_dim * factor)
 
 
-def _qk_norm(model_type: str) -> str:
-    """Qwen3, Gemma 3, EXAONE 4 and Hunyuan normalize q and k per head; OLMo-2, OLMo-3
-    and OLMoE over the whole projections."""
+def _qk_norm(config: Any, model_type: str) -> str:
+    """Qwen3, Gemma 3, EXAONE 4, Hunyuan (and GLM-4.5 with ``use_qk_norm``) normalize q and
+    k per head; OLMo-2, OLMo-3 and OLMoE over the whole projections."""
     if model_type in ("qwen3", "qwen3_moe", "gemma3_text", "gemma3", "exaone4", "hunyuan_v1_dense"):
+        return "head"
+    if model_type == "glm4_moe" and getattr(config, "use_qk_norm", False):
         return "head"
     return "full" if model_type in ("olmo2", "olmo3", "olmoe") else ""
