@@ -27,6 +27,7 @@ STACKS: dict[str, dict[str, tuple[str, ...]]] = {
     "qwen3_moe": _DECODER,
     "olmoe": _DECODER,
     "glm4_moe": _DECODER,
+    "deepseek_v3": _DECODER,
     "mixtral": _DECODER,
     "gemma": _DECODER,
     "gemma2": _DECODER,

@@ -25,6 +25,7 @@ from ckpt_core._memory.inputs import Run, model_facts, parse_workload, prepare
 from ckpt_core._memory.ledger import Step
 from ckpt_core._meta.measure import measure_activation_bytes
 from tests._model_configs import (
+    DEEPSEEK_V3,
     EXAONE4,
     GEMMA,
     GLM4,
@@ -36,6 +37,7 @@ from tests._model_configs import (
     MINISTRAL,
     MINISTRAL3,
     MISTRAL3,
+    MOONLIGHT,
     MT5_BASE,
     OLMO3,
     OLMOE,
@@ -499,6 +501,7 @@ def test_a_mistral3_the_estimate_does_not_describe_is_a_config_error(
 
 
 ATTENTION_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
+MLA_TARGETS = ["q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]
 
 
 @pytest.mark.parametrize("padded", [False, True])
@@ -514,6 +517,10 @@ ATTENTION_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
         (OLMOE_CLIPPED, "eager", ATTENTION_TARGETS),
         (GLM4_MOE, "sdpa", ATTENTION_TARGETS),
         (GLM4_MOE_GROUPED, "eager", ATTENTION_TARGETS),
+        (MOONLIGHT, "sdpa", MLA_TARGETS),
+        (MOONLIGHT, "eager", MLA_TARGETS),
+        (MOONLIGHT, "flash_attention_2", MLA_TARGETS),
+        (DEEPSEEK_V3, "sdpa", ["q_a_proj", "q_b_proj", *MLA_TARGETS[1:]]),
     ],
     ids=[
         "gpt_oss-eager",
@@ -525,6 +532,10 @@ ATTENTION_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
         "olmoe-clipped",
         "glm4_moe-sdpa",
         "glm4_moe-grouped",
+        "moonlight-sdpa",
+        "moonlight-eager",
+        "moonlight-flash",
+        "deepseek_v3",
     ],
 )
 def test_a_routed_experts_model_is_estimated_as_measured(
@@ -541,10 +552,12 @@ def test_a_routed_experts_model_is_estimated_as_measured(
     normalized over the whole projections; ``clip_qkv`` clamps q, k and v in place, each
     clamp keeping a copy.  GLM-4.5: an fp32 router (its weight fp32 in any load, so a
     half input is copied to fp32) scoring by a sigmoid it keeps, a shared expert added as
-    it is, leading dense layers, RoPE on half of each head.  Full fine-tune and PEFT's
-    LoRA (trained as with checkpointing; ``all-linear`` unless targets are given), to
-    the byte; the parameter count equals the built model's, and the weights' bytes as
-    loaded in bf16 PEFT's model's."""
+    it is, leading dense layers, RoPE on half of each head.  DeepSeek-V3 (Moonlight):
+    GLM-4.5's experts behind multi-head latent attention (the latents' norms, v a slice
+    of kv_b_proj's output, or for flash a copy padded to q's head dim).  Full fine-tune
+    and PEFT's LoRA (trained as with checkpointing; ``all-linear`` unless targets are
+    given), to the byte; the parameter count equals the built model's, and the weights'
+    bytes as loaded in bf16 PEFT's model's."""
     from peft import LoraConfig, get_peft_model
 
     model_input = {"config": config}
@@ -632,6 +645,7 @@ def test_a_valid_sliding_window_is_estimated() -> None:
         ("glm4", 0.0),
         ("hunyuan_v1_dense", 0.0),
         ("gemma", 0.0),
+        ("deepseek_v3", 0.0),
         ("gemma2", 0.0),
         ("gpt2", 0.1),
         ("bert", 0.1),

@@ -69,6 +69,12 @@ class Arch:
     qkv_bias: bool = False
     norm: str = "rms"  # rms | rms_gemma | rms_olmo | layer | t5
     qk_norm: str = ""  # "" | head | full
+    # DeepSeek-V3's multi-head latent attention (MLA) when ``kv_lora_rank``: k and v are
+    # projected up from a compressed latent, q too when ``q_lora_rank``; ``head_dim`` is
+    # q's and k's (the unrotated part + ``rotary_dim``), ``v_head_dim`` v's.
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    v_head_dim: int = 0
     # OLMoE's ``clip_qkv``: q, k and v clamped in place, each clamp keeping a copy.
     clip_qkv: bool = False
     # Hunyuan normalizes the rotated q and k (the same bytes kept, in another order).
@@ -155,6 +161,11 @@ class Arch:
     def rope_dim(self) -> int:
         """The elements of each head that RoPE rotates."""
         return self.rotary_dim or self.head_dim
+
+    @property
+    def value_dim(self) -> int:
+        """Each head's width in v and in the attention's output (MLA's differs from q's)."""
+        return self.v_head_dim or self.head_dim
 
 
 @dataclass(frozen=True, slots=True)

@@ -80,7 +80,7 @@ def attention_core(
     """The attention kernel on q, k, v storages; returns the output storage (o_proj's input).
 
     ``qkv`` = (q name, k name, v storage name, v storage bytes); q and k are
-    storages of ``heads`` and ``kv_heads`` width.  ``mask``: the mask
+    storages of ``heads`` and ``kv_heads`` width, the output ``heads`` of v's.  ``mask``: the mask
     transformers passes (`mask_kind`).  Eager upcasts the scores to fp32
     (Llama-style) unless the model's softmax runs in the dtype
     (`Arch.softmax_in_dtype`).
@@ -90,13 +90,14 @@ def attention_core(
     q_name, k_name, v_name, v_bytes = qkv
     elem_bytes, tokens, batch, seq = step.dtype_bytes, step.tokens, step.batch, step.seq
     q, kv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
+    out = arch.heads * arch.value_dim  # the output's width, and v's repeated per head
     scores = batch * arch.heads * seq * seq
     led.keep(q_name, elem_bytes * tokens * q)
     if step.attention == "eager":
         if 1 < arch.kv_heads < arch.heads or batch > 1:
             # repeat_kv copies, or matmul's reshape of (batch, heads) copies the views
             led.keep("attn.k_full", elem_bytes * tokens * q)
-            led.keep("attn.v_full", elem_bytes * tokens * q)
+            led.keep("attn.v_full", elem_bytes * tokens * out)
         else:  # batch 1: matmul reshapes the views (one kv head: a stride-0 expand) as they are
             led.keep(k_name, elem_bytes * tokens * kv)
             led.keep(v_name, v_bytes)
@@ -116,19 +117,20 @@ def attention_core(
     if mask is not None and 1 < arch.kv_heads < arch.heads:
         # a mask turns off sdpa's native GQA: repeat_kv copies (one kv head: a stride-0 view)
         led.keep("attn.k_rep", elem_bytes * tokens * q)
-        led.keep("attn.v_rep", elem_bytes * tokens * q)
+        led.keep("attn.v_rep", elem_bytes * tokens * out)
     else:
         led.keep(k_name, elem_bytes * tokens * kv)
         led.keep(v_name, v_bytes)
     if mask is not None:  # the kernel keeps a float copy of the boolean mask, per layer
         led.keep("attn.bias", elem_bytes * batch * seq * seq)
     led.keep("attn.lse", 4 * batch * arch.heads * seq)
-    if step.attention == "flash" and arch.rope_concat:
-        # RoPE's cat leaves q contiguous per head, and flash's output takes q's strides:
-        # the caller's reshape copies it into o_proj's input (kept by o_proj if trained).
+    if step.attention == "flash" and (arch.rope_concat or out != q):
+        # RoPE's cat leaves q contiguous per head, and flash's output takes q's strides
+        # (MLA's: v padded to q's head dim, the output cropped to v's): the caller's
+        # reshape copies it into o_proj's input (kept by o_proj if trained).
         led.keep("attn.kernel_out", elem_bytes * tokens * q)
     else:  # fused kernels write (b, s, h, d): o_proj reads the output itself
-        led.keep("attn.o_in", elem_bytes * tokens * q)
+        led.keep("attn.o_in", elem_bytes * tokens * out)
     return "attn.o_in"
 
 

@@ -42,8 +42,8 @@ class BlockFlops:
 
 
 def core_flops(arch: Arch, step: Step) -> int:
-    """q @ k^T and probabilities @ v over the full s x s."""
-    return 4 * step.batch * arch.heads * step.seq * step.seq * arch.head_dim
+    """q @ k^T and probabilities @ v over the full s x s (v's heads may be narrower: MLA)."""
+    return 2 * step.batch * arch.heads * step.seq * step.seq * (arch.head_dim + arch.value_dim)
 
 
 def dense_mlp_flops(arch: Arch, step: Step) -> int:
@@ -57,22 +57,29 @@ def lm_head_flops(arch: Arch, step: Step, *, transform: int = 0) -> int:
 
 
 def attention_block_flops(
-    arch: Arch, step: Step, *, mlp: int, attention_kept_after: bool, mlp_kept_after: bool
+    arch: Arch,
+    step: Step,
+    *,
+    mlp: int,
+    attention_kept_after: bool,
+    mlp_kept_after: bool,
+    projections: tuple[int, int] | None = None,
 ) -> BlockFlops:
     """A block of q/k/v/o projections, attention and an MLP of ``mlp`` FLOPs.
 
     ``*_kept_after``: something after the region's last projection keeps a
     tensor (a dropout mask, a post-norm), so non-reentrant checkpoint
-    recomputes that projection too.
+    recomputes that projection too.  ``projections``: the attention linears' FLOPs
+    and o_proj's, when they are not q / k / v / o of the heads (MLA's latents).
     """
     t, h, q = step.tokens, arch.hidden, arch.heads * arch.head_dim
     kv = arch.kv_heads * arch.head_dim
-    projections = 2 * t * (h * (q + 2 * kv) + q * h)
+    linears, output = projections or (2 * t * (h * (q + 2 * kv) + q * h), 2 * t * q * h)
     down = 2 * t * arch.intermediate * h
     return BlockFlops(
-        projections,
+        linears,
         core_flops(arch, step),
         mlp,
-        attention_tail=0 if attention_kept_after else 2 * t * q * h,
+        attention_tail=0 if attention_kept_after else output,
         block_tail=0 if mlp_kept_after else down,
     )

@@ -238,9 +238,15 @@ def register_flash_stand_in() -> None:
         module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any
     ) -> tuple[Any, None]:
         del module, attention_mask, kwargs  # causal flag only: no mask, no bias kept
+        import torch
+
+        # As transformers' flash integration: v padded to q's head dim (MLA), output cropped.
+        width = value.shape[-1]
+        if width != query.shape[-1]:
+            value = torch.nn.functional.pad(value, [0, query.shape[-1] - width])
         if query.is_meta and _PADDED.get():
-            return _unpadded_flash(fused, query, key, value), None
-        return fused.apply(query, key, value, None).transpose(1, 2), None
+            return _unpadded_flash(fused, query, key, value)[..., :width], None
+        return fused.apply(query, key, value, None).transpose(1, 2)[..., :width], None
 
     AttentionInterface.register(FLASH_STAND_IN, flash_stand_in)
 

@@ -42,6 +42,12 @@ from ckpt_core._memory.families.decoder_mlp import (
     routed_mlp,
     shared_module,
 )
+from ckpt_core._memory.families.mla import (
+    mla_attention,
+    mla_linears,
+    mla_norm_parameters,
+    mla_projection_flops,
+)
 from ckpt_core._memory.families.vision import (
     vision_linears,
     vision_tensors,
@@ -85,6 +91,8 @@ def _param_layout(arch: Arch) -> ParamLayout:
     # q / k / v biases only
     o_bias = arch.qkv_bias and arch.model_type not in ("qwen2", "qwen2_moe", "glm4", "glm4_moe")
     attention.append(Linear("self_attn.o_proj", q, h, n, o_bias))
+    if arch.kv_lora_rank:
+        attention = mla_linears(arch)
     mlp_bias = arch.mlp_bias
     inter = arch.intermediate
     mlp = (
@@ -114,7 +122,8 @@ def _param_layout(arch: Arch) -> ParamLayout:
     norms_per_block = {"gemma": 4, "olmo2": 2}.get(arch.sandwich, 2) * h
     qk_norm = {"head": 2 * d, "full": q + kv}.get(arch.qk_norm, 0)
     sinks = arch.heads if arch.attn_sinks else 0
-    other = n * (norms_per_block + qk_norm + sinks) + router + h  # + final norm
+    latent_norms = mla_norm_parameters(arch) if arch.kv_lora_rank else 0
+    other = n * (norms_per_block + qk_norm + sinks + latent_norms) + router + h  # + final norm
     linears = tuple(item for item in (*attention, *mlp) if item.count)
     idle = sum(vision_tensors(arch))
     layout = ParamLayout(linears, experts, embedding_parameters(arch), other, idle)
@@ -169,6 +178,8 @@ def _block(arch: Arch, step: Step, mode: BlockMode, kind: BlockKind) -> Ledger:
     if mode == "selective":
         led.keep(attn_in, elem_bytes * tokens * h)
         _block_inputs(led, arch, step, sliding)
+    elif arch.kv_lora_rank:
+        mla_attention(led, arch, step, attn_in, sliding)
     else:
         _attention(led, arch, step, attn_in, sliding)
     if arch.sandwich:
@@ -242,8 +253,14 @@ def _block_flops(arch: Arch, step: Step, kind: BlockKind) -> BlockFlops:
     else:
         mlp = dense_mlp_flops(arch, step)
         kept_after = bool(arch.sandwich) or arch.hidden_dropout > 0
+    projections = mla_projection_flops(arch, step) if arch.kv_lora_rank else None
     return attention_block_flops(
-        arch, step, mlp=mlp, attention_kept_after=False, mlp_kept_after=kept_after
+        arch,
+        step,
+        mlp=mlp,
+        attention_kept_after=False,
+        mlp_kept_after=kept_after,
+        projections=projections,
     )
 
 
@@ -268,8 +285,9 @@ def _trace(arch: Arch) -> TraceModel:
 
 
 def _replayed_exactly(arch: Arch) -> bool:
-    """Every dense decoder; an MoE layer's routing is not replayed."""
-    return not arch.is_moe
+    """Every dense decoder but MLA's (replayed as Llama's block at its sizes); an MoE
+    layer's routing is not replayed."""
+    return not arch.is_moe and not arch.kv_lora_rank
 
 
 FAMILY = Family(
@@ -286,6 +304,7 @@ FAMILY = Family(
         "qwen2_moe",
         "olmoe",
         "glm4_moe",
+        "deepseek_v3",
         "gpt_oss",
         "phi3",
         "olmo2",

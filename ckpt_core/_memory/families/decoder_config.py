@@ -41,6 +41,7 @@ def _text_arch(config: Any, model_type: str) -> Arch:
     gpt_oss = model_type == "gpt_oss"
     qwen2_moe = model_type == "qwen2_moe"
     glm4_moe = model_type == "glm4_moe"  # GLM-4.5 / 4.6 and -Air
+    deepseek = model_type == "deepseek_v3"  # MLA, and GLM-4.5's experts (Kimi K2 too)
     # Qwen2MoeConfig sets the window to 0 without use_sliding_window; its model still
     # makes a sliding mask with it (unread then), and every layer attends in full.
     unset = qwen2_moe and getattr(config, "sliding_window", None) == 0
@@ -60,13 +61,19 @@ def _text_arch(config: Any, model_type: str) -> Arch:
     post_norms = olmo or model_type == "exaone4"  # EXAONE 4: OLMo-2's layout, Llama's norm
     # gpt-oss scales by its weight in fp32 before the cast back, as OLMo-2 does.
     norm = "rms_gemma" if gemma else "rms_olmo" if olmo or gpt_oss else "rms"
+    kv_heads = read_int(config, "num_key_value_heads", default=heads)
+    rotary_dim = _rotary_dim(config, head_dim)
+    if deepseek:  # config.head_dim is the rotated part: q's and k's heads are wider
+        rotary_dim = read_int(config, "qk_rope_head_dim")
+        head_dim = read_int(config, "qk_nope_head_dim") + rotary_dim
+        kv_heads = heads  # k and v are projected per head from the latent
     return Arch(
         model_type=model_type,
         family="decoder",
         hidden=hidden,
         layers=layers,
         heads=heads,
-        kv_heads=read_int(config, "num_key_value_heads", default=heads),
+        kv_heads=kv_heads,
         head_dim=head_dim,
         intermediate=read_int(config, "intermediate_size"),
         vocab=read_int(config, "vocab_size"),
@@ -85,7 +92,7 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         rope_fp32=olmo,
         rope_per_kind=model_type in ("gemma3_text", "gemma3", "olmo3"),
         rope_concat=model_type in ("phi3", "glm4", "glm4_moe", "gpt_oss"),
-        rotary_dim=_rotary_dim(config, head_dim),
+        rotary_dim=rotary_dim,
         rope_interleaved=glm,
         rope_halves=gpt_oss,
         attn_sinks=gpt_oss,
@@ -112,7 +119,10 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         shared_expert_intermediate=_shared_expert_intermediate(config, model_type)
         if any(moe_layers)
         else 0,
-        sigmoid_router=glm4_moe,
+        sigmoid_router=glm4_moe or deepseek,
+        kv_lora_rank=read_int(config, "kv_lora_rank") if deepseek else 0,
+        q_lora_rank=read_int(config, "q_lora_rank", default=0) if deepseek else 0,
+        v_head_dim=read_int(config, "v_head_dim") if deepseek else 0,
         clamped_swiglu=gpt_oss,
         attn_dropout=float(getattr(config, "attention_dropout", 0.0) or 0.0),
         hidden_dropout=float(getattr(config, "resid_pdrop", 0.0) or 0.0),
@@ -134,7 +144,7 @@ def _shared_expert_intermediate(config: Any, model_type: str) -> int:
     """The shared expert's width: Qwen2-MoE's own size, GLM-4.5's experts' times their count."""
     if model_type == "qwen2_moe":
         return read_int(config, "shared_expert_intermediate_size", default=0)
-    if model_type == "glm4_moe":
+    if model_type in ("glm4_moe", "deepseek_v3"):
         shared = read_int(config, "n_shared_experts", default=0)
         return shared * read_int(config, "moe_intermediate_size")
     return 0

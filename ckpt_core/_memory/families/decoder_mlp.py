@@ -3,7 +3,7 @@ PEFT's adapters on stacked experts.
 
 `ckpt_core._memory.families.decoder` composes these into its block ledger and
 parameter layout.  Routed experts are transformers' grouped_mm experts over
-tokens x top_k rows (Mixtral, the Qwen MoEs, OLMoE, GLM-4.5; gpt-oss with its
+tokens x top_k rows (Mixtral, the Qwen MoEs, OLMoE, GLM-4.5, DeepSeek-V3; gpt-oss with its
 clamped SwiGLU); on transformers 5, PEFT adapts their stacked weights and the
 router for the names of the linear modules they replaced (`adapted_experts`).
 Pure arithmetic.
@@ -23,6 +23,7 @@ _PEFT_EXPERT_TARGETS: dict[str, tuple[str, str, str]] = {
     "qwen3_moe": ("gate_proj", "up_proj", "down_proj"),
     "olmoe": ("gate_proj", "up_proj", "down_proj"),
     "glm4_moe": ("gate_proj", "up_proj", "down_proj"),
+    "deepseek_v3": ("gate_proj", "up_proj", "down_proj"),
 }
 
 
