@@ -336,6 +336,32 @@ DEEPSEEK_V3: Final[dict[str, Any]] = {
     "eos_token_id": 1,
 }
 
+# DeepSeek-V2-Lite's config with four layers: MLA with q projected directly, a softmax
+# router (greedy top 6 of 64) beside two shared experts, RoPE by a complex multiply.  The
+# grouped variant: q through a latent, group-limited routing, two dense layers.
+DEEPSEEK_V2_LITE: Final[dict[str, Any]] = {
+    **MOONLIGHT,
+    "model_type": "deepseek_v2",
+    "architectures": ["DeepseekV2ForCausalLM"],
+    "intermediate_size": 10944,
+    "topk_method": "greedy",
+    "routed_scaling_factor": 1.0,
+    "norm_topk_prob": False,
+    "vocab_size": 102400,
+    "rope_theta": 10000,
+    "bos_token_id": 100000,
+    "eos_token_id": 100001,
+}
+DEEPSEEK_V2_GROUPED: Final[dict[str, Any]] = {
+    **DEEPSEEK_V2_LITE,
+    "q_lora_rank": 384,
+    "n_group": 8,
+    "topk_group": 3,
+    "topk_method": "group_limited_greedy",
+    "routed_scaling_factor": 16.0,
+    "first_k_dense_replace": 2,
+}
+
 # OLMoE-1B-7B-0924's config with four layers: 64 routed experts (top 8) in every layer,
 # q and k normalized over the whole projections.  The clipped variant adds GQA, biases,
 # normalized top-k weights and ``clip_qkv`` (q, k and v clamped in place).

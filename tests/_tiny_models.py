@@ -158,6 +158,26 @@ _SPECS: dict[str, _Spec] = {
             "topk_group": 1,
         },
     ),
+    # DeepSeek-V2: the same, its RoPE a complex multiply.
+    "deepseek_v2": _Spec(
+        "DeepseekV2Config",
+        "DeepseekV2ForCausalLM",
+        {
+            **_DECODER,
+            "num_key_value_heads": 4,  # MLA projects k and v per head
+            "q_lora_rank": 12,
+            "kv_lora_rank": 16,
+            "qk_nope_head_dim": 8,
+            "qk_rope_head_dim": 4,
+            "v_head_dim": 6,
+            "n_routed_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 16,
+            "first_k_dense_replace": 64,
+            "n_group": 2,
+            "topk_group": 1,
+        },
+    ),
     "mixtral": _Spec(
         "MixtralConfig",
         "MixtralForCausalLM",

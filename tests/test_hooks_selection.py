@@ -28,6 +28,7 @@ STACKS: dict[str, dict[str, tuple[str, ...]]] = {
     "olmoe": _DECODER,
     "glm4_moe": _DECODER,
     "deepseek_v3": _DECODER,
+    "deepseek_v2": _DECODER,
     "mixtral": _DECODER,
     "gemma": _DECODER,
     "gemma2": _DECODER,

@@ -25,6 +25,8 @@ from ckpt_core._memory.inputs import Run, model_facts, parse_workload, prepare
 from ckpt_core._memory.ledger import Step
 from ckpt_core._meta.measure import measure_activation_bytes
 from tests._model_configs import (
+    DEEPSEEK_V2_GROUPED,
+    DEEPSEEK_V2_LITE,
     DEEPSEEK_V3,
     EXAONE4,
     GEMMA,
@@ -521,6 +523,8 @@ MLA_TARGETS = ["q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]
         (MOONLIGHT, "eager", MLA_TARGETS),
         (MOONLIGHT, "flash_attention_2", MLA_TARGETS),
         (DEEPSEEK_V3, "sdpa", ["q_a_proj", "q_b_proj", *MLA_TARGETS[1:]]),
+        (DEEPSEEK_V2_LITE, "sdpa", MLA_TARGETS),
+        (DEEPSEEK_V2_GROUPED, "eager", ["q_a_proj", "q_b_proj", *MLA_TARGETS[1:]]),
     ],
     ids=[
         "gpt_oss-eager",
@@ -536,6 +540,8 @@ MLA_TARGETS = ["q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]
         "moonlight-eager",
         "moonlight-flash",
         "deepseek_v3",
+        "deepseek_v2-lite",
+        "deepseek_v2-grouped",
     ],
 )
 def test_a_routed_experts_model_is_estimated_as_measured(
@@ -554,7 +560,9 @@ def test_a_routed_experts_model_is_estimated_as_measured(
     half input is copied to fp32) scoring by a sigmoid it keeps, a shared expert added as
     it is, leading dense layers, RoPE on half of each head.  DeepSeek-V3 (Moonlight):
     GLM-4.5's experts behind multi-head latent attention (the latents' norms, v a slice
-    of kv_b_proj's output, or for flash a copy padded to q's head dim).  Full fine-tune
+    of kv_b_proj's output, or for flash a copy padded to q's head dim); DeepSeek-V2's
+    softmax router (its group-limited choice keeps a mask) and complex RoPE table.  Full
+    fine-tune
     and PEFT's LoRA (trained as with checkpointing; ``all-linear`` unless targets are
     given), to the byte; the parameter count equals the built model's, and the weights'
     bytes as loaded in bf16 PEFT's model's."""
@@ -646,6 +654,7 @@ def test_a_valid_sliding_window_is_estimated() -> None:
         ("hunyuan_v1_dense", 0.0),
         ("gemma", 0.0),
         ("deepseek_v3", 0.0),
+        ("deepseek_v2", 0.0),
         ("gemma2", 0.0),
         ("gpt2", 0.1),
         ("bert", 0.1),

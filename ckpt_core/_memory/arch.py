@@ -90,6 +90,8 @@ class Arch:
     rotary_dim: int = 0  # the slice RoPE rotates (``partial_rotary_factor``); 0: the head
     # GLM-4 interleaves half of cos / sin into copies in every layer, which its products keep.
     rope_interleaved: bool = False
+    # DeepSeek-V2 rotates by a complex multiply with one complex64 table (``freqs_cis``).
+    rope_complex: bool = False
     # gpt-oss rotates the two halves of each head (``chunk``) by half-width cos / sin tables.
     rope_halves: bool = False
     # gpt-oss: a learned sink logit per head joins eager attention's scores (one more
@@ -125,9 +127,12 @@ class Arch:
     # ``shared_expert``, its output scaled by ``sigmoid(shared_expert_gate(x))``; GLM-4.5's
     # ``shared_experts``, added as it is).
     shared_expert_intermediate: int = 0
-    # GLM-4.5 (DeepSeek-V3's router): an fp32 router (its weight kept in fp32 whatever the
-    # load) scores experts by a sigmoid and chooses them within the best groups.
-    sigmoid_router: bool = False
+    # GLM-4.5's and DeepSeek's router: its weight kept in fp32 whatever the load, its input
+    # copied to fp32; the scores it keeps (a sigmoid, DeepSeek-V2's softmax) are fp32.
+    fp32_router: bool = False
+    # DeepSeek-V2's group_limited_greedy: the scores outside the chosen groups are zeroed
+    # by a masked_fill on the gradient's path, which keeps its mask.
+    router_group_mask: bool = False
     # gpt-oss: the router and the experts have biases, and its experts gate with a clamped
     # SwiGLU (``(up + 1) * gate * sigmoid(alpha * gate)``).
     clamped_swiglu: bool = False

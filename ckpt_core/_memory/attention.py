@@ -54,6 +54,9 @@ def rope_tables(led: Ledger, arch: Arch, step: Step, sliding: bool) -> None:
     width = arch.head_dim // 2 if arch.rope_halves else arch.rope_dim
     size = (4 if arch.rope_fp32 else step.dtype_bytes) * step.seq * width
     rope = "local" if sliding and arch.rope_per_kind else "global"
+    if arch.rope_complex:  # one complex64 table: a pair of fp32 per rotated pair
+        led.keep(f"{GLOBAL}freqs.{rope}", 4 * step.seq * width)
+        return
     led.keep(f"{GLOBAL}cos.{rope}", size)
     led.keep(f"{GLOBAL}sin.{rope}", size)
 

@@ -132,7 +132,7 @@ def _param_layout(arch: Arch) -> ParamLayout:
         idle_linears=vision_linears(arch),
         adapted_parameters=adapted_experts(arch, moe),
         # GLM-4.5's `_keep_in_fp32_modules_strict`: the router's weight, in any load.
-        fp32_other=router if arch.sigmoid_router else 0,
+        fp32_other=router if arch.fp32_router else 0,
     )
 
 
@@ -305,6 +305,7 @@ FAMILY = Family(
         "olmoe",
         "glm4_moe",
         "deepseek_v3",
+        "deepseek_v2",
         "gpt_oss",
         "phi3",
         "olmo2",

@@ -41,7 +41,9 @@ def _text_arch(config: Any, model_type: str) -> Arch:
     gpt_oss = model_type == "gpt_oss"
     qwen2_moe = model_type == "qwen2_moe"
     glm4_moe = model_type == "glm4_moe"  # GLM-4.5 / 4.6 and -Air
-    deepseek = model_type == "deepseek_v3"  # MLA, and GLM-4.5's experts (Kimi K2 too)
+    # MLA, and GLM-4.5's experts (V3, Kimi K2) or a softmax router (V2, Coder-V2)
+    deepseek = model_type in ("deepseek_v3", "deepseek_v2")
+    deepseek_v2 = model_type == "deepseek_v2"
     # Qwen2MoeConfig sets the window to 0 without use_sliding_window; its model still
     # makes a sliding mask with it (unread then), and every layer attends in full.
     unset = qwen2_moe and getattr(config, "sliding_window", None) == 0
@@ -115,11 +117,15 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         if any(moe_layers)
         else 0,
         router_in_dtype=model_type in ("qwen3_moe", "qwen2_moe", "olmoe", "gpt_oss"),
-        norm_topk=bool(getattr(config, "norm_topk_prob", True)),
+        # DeepSeek-V2's router never normalizes its top-k weights, whatever the config says.
+        norm_topk=not deepseek_v2 and bool(getattr(config, "norm_topk_prob", True)),
         shared_expert_intermediate=_shared_expert_intermediate(config, model_type)
         if any(moe_layers)
         else 0,
-        sigmoid_router=glm4_moe or deepseek,
+        fp32_router=glm4_moe or deepseek,
+        router_group_mask=deepseek_v2
+        and getattr(config, "topk_method", None) == "group_limited_greedy",
+        rope_complex=deepseek_v2,
         kv_lora_rank=read_int(config, "kv_lora_rank") if deepseek else 0,
         q_lora_rank=read_int(config, "q_lora_rank", default=0) if deepseek else 0,
         v_head_dim=read_int(config, "v_head_dim") if deepseek else 0,
@@ -144,7 +150,7 @@ def _shared_expert_intermediate(config: Any, model_type: str) -> int:
     """The shared expert's width: Qwen2-MoE's own size, GLM-4.5's experts' times their count."""
     if model_type == "qwen2_moe":
         return read_int(config, "shared_expert_intermediate_size", default=0)
-    if model_type in ("glm4_moe", "deepseek_v3"):
+    if model_type in ("glm4_moe", "deepseek_v3", "deepseek_v2"):
         shared = read_int(config, "n_shared_experts", default=0)
         return shared * read_int(config, "moe_intermediate_size")
     return 0

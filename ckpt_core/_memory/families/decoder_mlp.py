@@ -24,6 +24,7 @@ _PEFT_EXPERT_TARGETS: dict[str, tuple[str, str, str]] = {
     "olmoe": ("gate_proj", "up_proj", "down_proj"),
     "glm4_moe": ("gate_proj", "up_proj", "down_proj"),
     "deepseek_v3": ("gate_proj", "up_proj", "down_proj"),
+    "deepseek_v2": ("gate_proj", "up_proj", "down_proj"),
 }
 
 
@@ -76,11 +77,13 @@ def routed_mlp(led: Ledger, arch: Arch, step: Step, x: str) -> None:
     rows, inter, experts = tokens * arch.top_k, arch.moe_intermediate, arch.experts
     trained = step.trainable_weights
     if trained or step.adapted("mlp.gate.weight"):  # the router's weight gradient
-        if arch.sigmoid_router and elem_bytes != 4:  # GLM-4.5's router casts x to fp32
+        if arch.fp32_router and elem_bytes != 4:  # GLM-4.5's and DeepSeek's cast x to fp32
             led.keep("router.in", 4 * tokens * h)
         else:
             led.keep(x, elem_bytes * tokens * h)
     led.keep("router.softmax", 4 * tokens * experts)
+    if arch.router_group_mask:
+        led.keep("router.group_mask", tokens * experts)
     led.keep("router.top_index", 8 * rows)
     if arch.norm_topk:  # `router_top_value /= router_top_value.sum(...)` keeps both
         led.keep("router.top_sum", 4 * tokens)
@@ -120,7 +123,7 @@ def _adapted_weights(led: Ledger, arch: Arch, step: Step) -> None:
                 factors = weight_bytes * experts * factor_rank * (fan_in + fan_out)
                 led.keep(f"experts.{name}.factors", factors)
     if step.adapted("mlp.gate.weight"):  # GLM-4.5's router weight is fp32
-        led.keep("router.weight", (4 if arch.sigmoid_router else weight_bytes) * experts * h)
+        led.keep("router.weight", (4 if arch.fp32_router else weight_bytes) * experts * h)
 
 
 def _shared_expert(led: Ledger, arch: Arch, step: Step, x: str) -> None:
