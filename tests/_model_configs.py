@@ -362,6 +362,40 @@ DEEPSEEK_V2_GROUPED: Final[dict[str, Any]] = {
     "first_k_dense_replace": 2,
 }
 
+# dots.llm1's config with four layers: Qwen3's attention (q / k norms per head) with
+# DeepSeek-V3's experts (128 routed, two shared, the first layer dense); the windowed
+# variant adds GQA, biases and sliding layers.
+DOTS1: Final[dict[str, Any]] = {
+    "model_type": "dots1",
+    "architectures": ["Dots1ForCausalLM"],
+    "hidden_size": 4096,
+    "intermediate_size": 10944,
+    "moe_intermediate_size": 1408,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "head_dim": 128,
+    "n_routed_experts": 128,
+    "num_experts_per_tok": 6,
+    "n_shared_experts": 2,
+    "first_k_dense_replace": 1,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+    "vocab_size": 152064,
+    "rope_theta": 10000000,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-05,
+    "sliding_window": None,
+}
+DOTS1_WINDOWED: Final[dict[str, Any]] = {
+    **DOTS1,
+    "sliding_window": 512,
+    "max_window_layers": 2,
+    "attention_bias": True,
+    "num_key_value_heads": 8,
+}
+
 # OLMoE-1B-7B-0924's config with four layers: 64 routed experts (top 8) in every layer,
 # q and k normalized over the whole projections.  The clipped variant adds GQA, biases,
 # normalized top-k weights and ``clip_qkv`` (q, k and v clamped in place).

@@ -28,6 +28,8 @@ from tests._model_configs import (
     DEEPSEEK_V2_GROUPED,
     DEEPSEEK_V2_LITE,
     DEEPSEEK_V3,
+    DOTS1,
+    DOTS1_WINDOWED,
     EXAONE4,
     GEMMA,
     GLM4,
@@ -525,6 +527,8 @@ MLA_TARGETS = ["q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]
         (DEEPSEEK_V3, "sdpa", ["q_a_proj", "q_b_proj", *MLA_TARGETS[1:]]),
         (DEEPSEEK_V2_LITE, "sdpa", MLA_TARGETS),
         (DEEPSEEK_V2_GROUPED, "eager", ["q_a_proj", "q_b_proj", *MLA_TARGETS[1:]]),
+        (DOTS1, "sdpa", ATTENTION_TARGETS),
+        (DOTS1_WINDOWED, "eager", ATTENTION_TARGETS),
     ],
     ids=[
         "gpt_oss-eager",
@@ -542,6 +546,8 @@ MLA_TARGETS = ["q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]
         "deepseek_v3",
         "deepseek_v2-lite",
         "deepseek_v2-grouped",
+        "dots1",
+        "dots1-windowed",
     ],
 )
 def test_a_routed_experts_model_is_estimated_as_measured(
@@ -561,8 +567,8 @@ def test_a_routed_experts_model_is_estimated_as_measured(
     it is, leading dense layers, RoPE on half of each head.  DeepSeek-V3 (Moonlight):
     GLM-4.5's experts behind multi-head latent attention (the latents' norms, v a slice
     of kv_b_proj's output, or for flash a copy padded to q's head dim); DeepSeek-V2's
-    softmax router (its group-limited choice keeps a mask) and complex RoPE table.  Full
-    fine-tune
+    softmax router (its group-limited choice keeps a mask) and complex RoPE table.
+    dots.llm1: Qwen3's attention with DeepSeek-V3's experts.  Full fine-tune
     and PEFT's LoRA (trained as with checkpointing; ``all-linear`` unless targets are
     given), to the byte; the parameter count equals the built model's, and the weights'
     bytes as loaded in bf16 PEFT's model's."""

@@ -306,6 +306,7 @@ FAMILY = Family(
         "glm4_moe",
         "deepseek_v3",
         "deepseek_v2",
+        "dots1",
         "gpt_oss",
         "phi3",
         "olmo2",

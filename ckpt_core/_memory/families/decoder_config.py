@@ -122,7 +122,7 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         shared_expert_intermediate=_shared_expert_intermediate(config, model_type)
         if any(moe_layers)
         else 0,
-        fp32_router=glm4_moe or deepseek,
+        fp32_router=glm4_moe or deepseek or model_type == "dots1",
         router_group_mask=deepseek_v2
         and getattr(config, "topk_method", None) == "group_limited_greedy",
         rope_complex=deepseek_v2,
@@ -150,7 +150,7 @@ def _shared_expert_intermediate(config: Any, model_type: str) -> int:
     """The shared expert's width: Qwen2-MoE's own size, GLM-4.5's experts' times their count."""
     if model_type == "qwen2_moe":
         return read_int(config, "shared_expert_intermediate_size", default=0)
-    if model_type in ("glm4_moe", "deepseek_v3", "deepseek_v2"):
+    if model_type in ("glm4_moe", "deepseek_v3", "deepseek_v2", "dots1"):
         shared = read_int(config, "n_shared_experts", default=0)
         return shared * read_int(config, "moe_intermediate_size")
     return 0
@@ -180,9 +180,18 @@ def _rotary_dim(config: Any, head_dim: int) -> int:
 
 
 def _qk_norm(config: Any, model_type: str) -> str:
-    """Qwen3, Gemma 3, EXAONE 4, Hunyuan (and GLM-4.5 with ``use_qk_norm``) normalize q and
-    k per head; OLMo-2, OLMo-3 and OLMoE over the whole projections."""
-    if model_type in ("qwen3", "qwen3_moe", "gemma3_text", "gemma3", "exaone4", "hunyuan_v1_dense"):
+    """Qwen3 (and dots.llm1), Gemma 3, EXAONE 4, Hunyuan (and GLM-4.5 with ``use_qk_norm``)
+    normalize q and k per head; OLMo-2, OLMo-3 and OLMoE over the whole projections."""
+    per_head = (
+        "qwen3",
+        "qwen3_moe",
+        "dots1",
+        "gemma3_text",
+        "gemma3",
+        "exaone4",
+        "hunyuan_v1_dense",
+    )
+    if model_type in per_head:
         return "head"
     if model_type == "glm4_moe" and getattr(config, "use_qk_norm", False):
         return "head"

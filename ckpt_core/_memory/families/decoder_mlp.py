@@ -25,6 +25,7 @@ _PEFT_EXPERT_TARGETS: dict[str, tuple[str, str, str]] = {
     "glm4_moe": ("gate_proj", "up_proj", "down_proj"),
     "deepseek_v3": ("gate_proj", "up_proj", "down_proj"),
     "deepseek_v2": ("gate_proj", "up_proj", "down_proj"),
+    "dots1": ("gate_proj", "up_proj", "down_proj"),
 }
 
 
