@@ -362,6 +362,33 @@ DEEPSEEK_V2_GROUPED: Final[dict[str, Any]] = {
     "first_k_dense_replace": 2,
 }
 
+# GLM-4.7-Flash's config (glm4_moe_lite: DeepSeek-V3's latent attention, GLM-4.5's
+# experts) with four layers, dense and sparse alternating by ``mlp_layer_types``; its v
+# heads are as wide as q's.
+GLM4_MOE_LITE: Final[dict[str, Any]] = {
+    "model_type": "glm4_moe_lite",
+    "architectures": ["Glm4MoeLiteForCausalLM"],
+    "hidden_size": 2048,
+    "intermediate_size": 10240,
+    "moe_intermediate_size": 1536,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 20,
+    "num_key_value_heads": 20,
+    "n_shared_experts": 1,
+    "n_routed_experts": 64,
+    "routed_scaling_factor": 1.8,
+    "kv_lora_rank": 512,
+    "q_lora_rank": 768,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 256,
+    "qk_nope_head_dim": 192,
+    "num_experts_per_tok": 4,
+    "norm_topk_prob": True,
+    "vocab_size": 154880,
+    "mlp_layer_types": ["dense", "sparse", "dense", "sparse"],
+    "tie_word_embeddings": False,
+}
+
 # dots.llm1's config with four layers: Qwen3's attention (q / k norms per head) with
 # DeepSeek-V3's experts (128 routed, two shared, the first layer dense); the windowed
 # variant adds GQA, biases and sliding layers.

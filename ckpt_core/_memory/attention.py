@@ -127,10 +127,10 @@ def attention_core(
     if mask is not None:  # the kernel keeps a float copy of the boolean mask, per layer
         led.keep("attn.bias", elem_bytes * batch * seq * seq)
     led.keep("attn.lse", 4 * batch * arch.heads * seq)
-    if step.attention == "flash" and (arch.rope_concat or out != q):
-        # RoPE's cat leaves q contiguous per head, and flash's output takes q's strides
-        # (MLA's: v padded to q's head dim, the output cropped to v's): the caller's
-        # reshape copies it into o_proj's input (kept by o_proj if trained).
+    if step.attention == "flash" and (arch.rope_concat or arch.kv_lora_rank):
+        # RoPE's cat (MLA's too) leaves q contiguous per head, and flash's output takes
+        # q's strides (MLA's v may be padded to q's head dim, the output cropped to v's):
+        # the caller's reshape copies it into o_proj's input (kept by o_proj if trained).
         led.keep("attn.kernel_out", elem_bytes * tokens * q)
     else:  # fused kernels write (b, s, h, d): o_proj reads the output itself
         led.keep("attn.o_in", elem_bytes * tokens * out)

@@ -304,6 +304,7 @@ FAMILY = Family(
         "qwen2_moe",
         "olmoe",
         "glm4_moe",
+        "glm4_moe_lite",
         "deepseek_v3",
         "deepseek_v2",
         "dots1",

@@ -41,8 +41,8 @@ def _text_arch(config: Any, model_type: str) -> Arch:
     gpt_oss = model_type == "gpt_oss"
     qwen2_moe = model_type == "qwen2_moe"
     glm4_moe = model_type == "glm4_moe"  # GLM-4.5 / 4.6 and -Air
-    # MLA, and GLM-4.5's experts (V3, Kimi K2) or a softmax router (V2, Coder-V2)
-    deepseek = model_type in ("deepseek_v3", "deepseek_v2")
+    # MLA, and GLM-4.5's experts (V3, Kimi K2, GLM-4.7-Flash) or a softmax router (V2)
+    deepseek = model_type in ("deepseek_v3", "deepseek_v2", "glm4_moe_lite")
     deepseek_v2 = model_type == "deepseek_v2"
     # Qwen2MoeConfig sets the window to 0 without use_sliding_window; its model still
     # makes a sliding mask with it (unread then), and every layer attends in full.
@@ -139,7 +139,10 @@ def _text_arch(config: Any, model_type: str) -> Arch:
 
 def _moe_layers(config: Any, layers: int) -> tuple[bool, ...]:
     """Which layers route to experts: Qwen-MoE's sparse step and dense-only list, GLM-4.5's
-    leading dense layers."""
+    leading dense layers, GLM-4.7-Flash's ``mlp_layer_types``."""
+    kinds = getattr(config, "mlp_layer_types", None)
+    if isinstance(kinds, list | tuple) and len(kinds) == layers:
+        return tuple(kind == "sparse" for kind in kinds)
     step = read_int(config, "decoder_sparse_step", default=1)
     dense = set(getattr(config, "mlp_only_layers", None) or ())
     first = read_int(config, "first_k_dense_replace", default=0)
@@ -150,7 +153,7 @@ def _shared_expert_intermediate(config: Any, model_type: str) -> int:
     """The shared expert's width: Qwen2-MoE's own size, GLM-4.5's experts' times their count."""
     if model_type == "qwen2_moe":
         return read_int(config, "shared_expert_intermediate_size", default=0)
-    if model_type in ("glm4_moe", "deepseek_v3", "deepseek_v2", "dots1"):
+    if model_type in ("glm4_moe", "glm4_moe_lite", "deepseek_v3", "deepseek_v2", "dots1"):
         shared = read_int(config, "n_shared_experts", default=0)
         return shared * read_int(config, "moe_intermediate_size")
     return 0

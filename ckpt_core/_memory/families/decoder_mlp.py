@@ -26,6 +26,7 @@ _PEFT_EXPERT_TARGETS: dict[str, tuple[str, str, str]] = {
     "deepseek_v3": ("gate_proj", "up_proj", "down_proj"),
     "deepseek_v2": ("gate_proj", "up_proj", "down_proj"),
     "dots1": ("gate_proj", "up_proj", "down_proj"),
+    "glm4_moe_lite": ("gate_proj", "up_proj", "down_proj"),
 }
 
 

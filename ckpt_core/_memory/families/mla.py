@@ -73,7 +73,8 @@ def mla_attention(led: Ledger, arch: Arch, step: Step, x: str, sliding: bool) ->
     rope_products(led, arch, step, sliding)
     kv_bytes = elem_bytes * tokens * heads * (arch.head_dim - rope + arch.value_dim)
     value = ("kv_b", kv_bytes)
-    if step.attention == "flash":  # transformers pads v to q's head dim for the kernel
+    if step.attention == "flash" and arch.value_dim != arch.head_dim:
+        # transformers pads v to q's head dim for the kernel
         value = ("v_padded", elem_bytes * tokens * heads * arch.head_dim)
     mask = mask_kind(arch, step, sliding)
     out = attention_core(led, arch, step, ("q", "k", *value), mask=mask)
