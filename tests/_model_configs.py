@@ -192,6 +192,16 @@ HUNYUAN: Final = (
     ("rope_scaling", None),
 )
 
+# Seed-OSS on Llama 3.2 1B's sizes: biased q / k / v, and residual dropout on the
+# attention's output (inside self_attn) and the MLP's, which keeps masks in training.
+SEED_OSS: Final = (
+    ("model_type", "seed_oss"),
+    ("architectures", ["SeedOssForCausalLM"]),
+    ("attention_bias", True),
+    ("residual_dropout", 0.1),
+    ("rope_scaling", None),
+)
+
 # Gemma (1) on Llama 3.2 1B's sizes, with Gemma's wide heads (heads x head_dim = twice the
 # hidden size, as Gemma 7B's 16 x 256 against 3072): Llama's layer with Gemma's norms,
 # GeGLU and scaled, tied embeddings.

@@ -184,6 +184,11 @@ _SPECS: dict[str, _Spec] = {
         {**_DECODER, "num_local_experts": 4, "num_experts_per_tok": 2},
     ),
     "gemma": _Spec("GemmaConfig", "GemmaForCausalLM", {**_DECODER, "head_dim": 16}),
+    "seed_oss": _Spec(
+        "SeedOssConfig",
+        "SeedOssForCausalLM",
+        {**_DECODER, "head_dim": 8, "attention_bias": True, "attention_out_bias": True},
+    ),
     "gemma2": _Spec(
         "Gemma2Config",
         "Gemma2ForCausalLM",

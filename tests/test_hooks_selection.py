@@ -31,6 +31,7 @@ STACKS: dict[str, dict[str, tuple[str, ...]]] = {
     "deepseek_v2": _DECODER,
     "mixtral": _DECODER,
     "gemma": _DECODER,
+    "seed_oss": _DECODER,
     "gemma2": _DECODER,
     "gemma3": _DECODER,
     "phi3": _DECODER,

@@ -49,6 +49,7 @@ from tests._model_configs import (
     OLMOE_CLIPPED,
     QWEN2_MOE,
     QWEN2_MOE_SPARSE,
+    SEED_OSS,
     SMOLLM3,
 )
 from tests._tiny_models import as_loaded, tiny_model
@@ -203,6 +204,23 @@ def test_estimate_matches_with_learned_positions_and_dropout(preset: str, seq_le
     assert_estimate_matches(preset, seq_len=seq_len)
 
 
+def test_phi3_residual_dropout_keeps_a_mask_per_branch() -> None:
+    """Phi-3 drops out each branch's output in the layer, outside self_attn: with
+    ``resid_pdrop`` the masks are kept even by a selective block (they were missed)."""
+    model_input = {"config": {**load_preset("phi-3-mini"), "resid_pdrop": 0.1}}
+    model = build_meta_model(load_model_config(model_input), attention="sdpa")
+    facts = model_facts(model_input)
+    shape = {"seq_len": 512, "micro_batch_size": 2, "attention": "sdpa"}
+    run = prepare(facts, parse_workload(shape))
+    without = prepare(model_facts({"preset": "phi-3-mini"}), parse_workload(shape))
+    for tier in TIERS:
+        measured = measure_activation_bytes(model, tier, **shape)
+        assert activation_bytes(facts.arch, run.step, tier) == measured, tier
+    assert activation_bytes(facts.arch, run.step, "selective") > activation_bytes(
+        without.facts.arch, without.step, "selective"
+    )
+
+
 @pytest.mark.parametrize(
     "workload",
     [
@@ -305,6 +323,7 @@ CONFIGS = {
             GLM4,
             HUNYUAN,
             GEMMA,
+            SEED_OSS,
         )
     },
 }
@@ -328,7 +347,9 @@ def test_a_model_type_without_a_preset_is_estimated_as_measured(
     use no positions and keep q and k as normed, the same bytes; GLM-4's RoPE products
     keep its layer's own interleaved copies of half of cos and sin; Hunyuan normalizes
     the rotated q and k, which keeps what normalizing them first keeps; Gemma (1) keeps
-    its norms' fp32 work and its scaled embeddings, with heads wider than the model."""
+    its norms' fp32 work and its scaled embeddings, with heads wider than the model;
+    Seed-OSS's residual dropout keeps a mask per branch (the attention's inside
+    self_attn, recomputed under a selective checkpoint)."""
     model_input = {"config": CONFIGS[name]}
     model = build_meta_model(load_model_config(model_input), attention=attention)
     facts = model_facts(model_input)
@@ -664,6 +685,8 @@ def test_a_valid_sliding_window_is_estimated() -> None:
         ("gemma", 0.0),
         ("deepseek_v3", 0.0),
         ("deepseek_v2", 0.0),
+        ("seed_oss", 0.1),
+        ("phi3", 0.1),
         ("gemma2", 0.0),
         ("gpt2", 0.1),
         ("bert", 0.1),

@@ -67,6 +67,7 @@ class Arch:
     fused_qkv: bool = False  # one projection makes q, k and v (Phi-3)
     fused_gate_up: bool = False
     qkv_bias: bool = False
+    o_bias: bool = False  # o_proj's (some models bias q / k / v only)
     norm: str = "rms"  # rms | rms_gemma | rms_olmo | layer | t5
     qk_norm: str = ""  # "" | head | full
     # DeepSeek-V3's multi-head latent attention (MLA) when ``kv_lora_rank``: k and v are
@@ -138,6 +139,8 @@ class Arch:
     clamped_swiglu: bool = False
     attn_dropout: float = 0.0
     hidden_dropout: float = 0.0
+    # Seed-OSS drops out the attention's output inside self_attn (Phi-3 in the layer).
+    dropout_in_attention: bool = False
     embed_dropout: float = 0.0
     positions: int = 0  # learned absolute position rows
     type_vocab: int = 0

@@ -61,6 +61,7 @@ from ckpt_core._memory.ledger import (
     Ledger,
     Step,
     causal_loss,
+    dropout,
     linear,
     norm,
 )
@@ -88,9 +89,7 @@ def _param_layout(arch: Arch) -> ParamLayout:
             Linear("self_attn.v_proj", h, kv, n, arch.qkv_bias),
         ]
     )
-    # q / k / v biases only
-    o_bias = arch.qkv_bias and arch.model_type not in ("qwen2", "qwen2_moe", "glm4", "glm4_moe")
-    attention.append(Linear("self_attn.o_proj", q, h, n, o_bias))
+    attention.append(Linear("self_attn.o_proj", q, h, n, arch.o_bias))
     if arch.kv_lora_rank:
         attention = mla_linears(arch)
     mlp_bias = arch.mlp_bias
@@ -182,6 +181,11 @@ def _block(arch: Arch, step: Step, mode: BlockMode, kind: BlockKind) -> Ledger:
         mla_attention(led, arch, step, attn_in, sliding)
     else:
         _attention(led, arch, step, attn_in, sliding)
+    # Residual dropout on each branch's output (Phi-3's in the layer, Seed-OSS's inside
+    # self_attn, whose checkpoint recomputes it) keeps a mask.
+    p = arch.hidden_dropout
+    if mode != "selective" or not arch.dropout_in_attention:
+        dropout(led, step, "attn.out", tag="attn.resid_dropout", p=p, elements=tokens * h)
     if arch.sandwich:
         norm(led, step, "attn.out", "ln_post_attn", kind=arch.norm, rows=tokens, width=h)
     if arch.sandwich == "gemma":
@@ -196,6 +200,7 @@ def _block(arch: Arch, step: Step, mode: BlockMode, kind: BlockKind) -> Ledger:
         routed_mlp(led, arch, step, mlp_in)
     else:
         glu_mlp(led, arch, step, mlp_in)
+    dropout(led, step, "mlp.out", tag="mlp.resid_dropout", p=p, elements=tokens * h)
     if arch.sandwich:
         norm(led, step, "mlp.out", "ln_post_mlp", kind=arch.norm, rows=tokens, width=h)
     return led
@@ -258,7 +263,7 @@ def _block_flops(arch: Arch, step: Step, kind: BlockKind) -> BlockFlops:
         arch,
         step,
         mlp=mlp,
-        attention_kept_after=False,
+        attention_kept_after=arch.dropout_in_attention and arch.hidden_dropout > 0,
         mlp_kept_after=kept_after,
         projections=projections,
     )
@@ -285,9 +290,9 @@ def _trace(arch: Arch) -> TraceModel:
 
 
 def _replayed_exactly(arch: Arch) -> bool:
-    """Every dense decoder but MLA's (replayed as Llama's block at its sizes); an MoE
-    layer's routing is not replayed."""
-    return not arch.is_moe and not arch.kv_lora_rank
+    """Every dense decoder but MLA's (replayed as Llama's block at its sizes) and those
+    with residual dropout (not replayed); an MoE layer's routing is not replayed."""
+    return not arch.is_moe and not arch.kv_lora_rank and not arch.hidden_dropout
 
 
 FAMILY = Family(
@@ -305,6 +310,7 @@ FAMILY = Family(
         "olmoe",
         "glm4_moe",
         "glm4_moe_lite",
+        "seed_oss",
         "deepseek_v3",
         "deepseek_v2",
         "dots1",

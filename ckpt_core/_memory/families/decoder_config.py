@@ -44,6 +44,7 @@ def _text_arch(config: Any, model_type: str) -> Arch:
     # MLA, and GLM-4.5's experts (V3, Kimi K2, GLM-4.7-Flash) or a softmax router (V2)
     deepseek = model_type in ("deepseek_v3", "deepseek_v2", "glm4_moe_lite")
     deepseek_v2 = model_type == "deepseek_v2"
+    seed = model_type == "seed_oss"  # Seed-OSS: Llama's layer with biases and dropout
     # Qwen2MoeConfig sets the window to 0 without use_sliding_window; its model still
     # makes a sliding mask with it (unread then), and every layer attends in full.
     unset = qwen2_moe and getattr(config, "sliding_window", None) == 0
@@ -63,6 +64,9 @@ def _text_arch(config: Any, model_type: str) -> Arch:
     post_norms = olmo or model_type == "exaone4"  # EXAONE 4: OLMo-2's layout, Llama's norm
     # gpt-oss scales by its weight in fp32 before the cast back, as OLMo-2 does.
     norm = "rms_gemma" if gemma else "rms_olmo" if olmo or gpt_oss else "rms"
+    qkv_bias = model_type == "qwen2" or bool(
+        getattr(config, "qkv_bias" if qwen2_moe else "attention_bias", False)
+    )
     kv_heads = read_int(config, "num_key_value_heads", default=heads)
     rotary_dim = _rotary_dim(config, head_dim)
     if deepseek:  # config.head_dim is the rotated part: q's and k's heads are wider
@@ -84,8 +88,10 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         glu=True,
         fused_qkv=model_type == "phi3",
         fused_gate_up=model_type in ("phi3", "glm4"),
-        qkv_bias=model_type == "qwen2"
-        or bool(getattr(config, "qkv_bias" if qwen2_moe else "attention_bias", False)),
+        qkv_bias=qkv_bias,
+        o_bias=bool(getattr(config, "attention_out_bias", False))
+        if seed
+        else qkv_bias and model_type not in ("qwen2", "qwen2_moe", "glm4", "glm4_moe"),
         norm=norm,
         qk_norm=_qk_norm(config, model_type),
         qk_norm_after_rope=model_type == "hunyuan_v1_dense",
@@ -131,7 +137,10 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         v_head_dim=read_int(config, "v_head_dim") if deepseek else 0,
         clamped_swiglu=gpt_oss,
         attn_dropout=float(getattr(config, "attention_dropout", 0.0) or 0.0),
-        hidden_dropout=float(getattr(config, "resid_pdrop", 0.0) or 0.0),
+        hidden_dropout=float(
+            getattr(config, "residual_dropout" if seed else "resid_pdrop", 0.0) or 0.0
+        ),
+        dropout_in_attention=seed,
         embed_dropout=float(getattr(config, "embd_pdrop", 0.0) or 0.0),
         mlp_bias=bool(getattr(config, "mlp_bias", False)),
     )
