@@ -464,3 +464,12 @@ OLMOE_CLIPPED: Final[dict[str, Any]] = {
     "norm_topk_prob": True,
     "clip_qkv": 8.0,
 }
+
+# ERNIE 4.5 (dense) on Llama 3.2 1B's sizes: RoPE in fp32 from fp32 tables interleaved
+# into copies in every layer.
+ERNIE4_5: Final = (
+    ("model_type", "ernie4_5"),
+    ("architectures", ["Ernie4_5ForCausalLM"]),
+    ("use_bias", False),
+    ("rope_scaling", None),
+)

@@ -184,6 +184,9 @@ _SPECS: dict[str, _Spec] = {
         {**_DECODER, "num_local_experts": 4, "num_experts_per_tok": 2},
     ),
     "gemma": _Spec("GemmaConfig", "GemmaForCausalLM", {**_DECODER, "head_dim": 16}),
+    "ernie4_5": _Spec(
+        "Ernie4_5Config", "Ernie4_5ForCausalLM", {**_DECODER, "head_dim": 8, "use_bias": True}
+    ),
     "seed_oss": _Spec(
         "SeedOssConfig",
         "SeedOssForCausalLM",

@@ -32,6 +32,7 @@ STACKS: dict[str, dict[str, tuple[str, ...]]] = {
     "mixtral": _DECODER,
     "gemma": _DECODER,
     "seed_oss": _DECODER,
+    "ernie4_5": _DECODER,
     "gemma2": _DECODER,
     "gemma3": _DECODER,
     "phi3": _DECODER,

@@ -30,6 +30,7 @@ from tests._model_configs import (
     DEEPSEEK_V3,
     DOTS1,
     DOTS1_WINDOWED,
+    ERNIE4_5,
     EXAONE4,
     GEMMA,
     GLM4,
@@ -324,6 +325,7 @@ CONFIGS = {
             HUNYUAN,
             GEMMA,
             SEED_OSS,
+            ERNIE4_5,
         )
     },
 }
@@ -349,7 +351,8 @@ def test_a_model_type_without_a_preset_is_estimated_as_measured(
     the rotated q and k, which keeps what normalizing them first keeps; Gemma (1) keeps
     its norms' fp32 work and its scaled embeddings, with heads wider than the model;
     Seed-OSS's residual dropout keeps a mask per branch (the attention's inside
-    self_attn, recomputed under a selective checkpoint)."""
+    self_attn, recomputed under a selective checkpoint); ERNIE 4.5's RoPE products keep
+    its layer's fp32 interleaved copies of cos and sin."""
     model_input = {"config": CONFIGS[name]}
     model = build_meta_model(load_model_config(model_input), attention=attention)
     facts = model_facts(model_input)
@@ -686,6 +689,7 @@ def test_a_valid_sliding_window_is_estimated() -> None:
         ("deepseek_v3", 0.0),
         ("deepseek_v2", 0.0),
         ("seed_oss", 0.1),
+        ("ernie4_5", 0.0),
         ("phi3", 0.1),
         ("gemma2", 0.0),
         ("gpt2", 0.1),

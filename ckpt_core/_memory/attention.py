@@ -62,12 +62,13 @@ def rope_tables(led: Ledger, arch: Arch, step: Step, sliding: bool) -> None:
 
 
 def rope_products(led: Ledger, arch: Arch, step: Step, sliding: bool) -> None:
-    """What RoPE's products keep: the tables, or (GLM-4) the layer's own interleaved
-    copies of them (``cos[..., : d // 2].repeat_interleave(2, dim=-1)``, and sin's)."""
+    """What RoPE's products keep: the tables, or (GLM-4, ERNIE 4.5 in fp32) the layer's
+    own interleaved copies of them (``cos[..., : d // 2].repeat_interleave(2, dim=-1)``,
+    and sin's)."""
     if not arch.rope_interleaved:
         rope_tables(led, arch, step, sliding)
         return
-    size = step.dtype_bytes * step.seq * arch.rope_dim
+    size = (4 if arch.rope_fp32 else step.dtype_bytes) * step.seq * arch.rope_dim
     led.keep("rope.cos", size)
     led.keep("rope.sin", size)
 

@@ -311,6 +311,7 @@ FAMILY = Family(
         "glm4_moe",
         "glm4_moe_lite",
         "seed_oss",
+        "ernie4_5",
         "deepseek_v3",
         "deepseek_v2",
         "dots1",

@@ -45,6 +45,8 @@ def _text_arch(config: Any, model_type: str) -> Arch:
     deepseek = model_type in ("deepseek_v3", "deepseek_v2", "glm4_moe_lite")
     deepseek_v2 = model_type == "deepseek_v2"
     seed = model_type == "seed_oss"  # Seed-OSS: Llama's layer with biases and dropout
+    # ERNIE 4.5: fp32 cos / sin, interleaved into copies in every layer (as GLM-4's)
+    ernie = model_type == "ernie4_5"
     # Qwen2MoeConfig sets the window to 0 without use_sliding_window; its model still
     # makes a sliding mask with it (unread then), and every layer attends in full.
     unset = qwen2_moe and getattr(config, "sliding_window", None) == 0
@@ -64,9 +66,8 @@ def _text_arch(config: Any, model_type: str) -> Arch:
     post_norms = olmo or model_type == "exaone4"  # EXAONE 4: OLMo-2's layout, Llama's norm
     # gpt-oss scales by its weight in fp32 before the cast back, as OLMo-2 does.
     norm = "rms_gemma" if gemma else "rms_olmo" if olmo or gpt_oss else "rms"
-    qkv_bias = model_type == "qwen2" or bool(
-        getattr(config, "qkv_bias" if qwen2_moe else "attention_bias", False)
-    )
+    bias_key = "qkv_bias" if qwen2_moe else "use_bias" if ernie else "attention_bias"
+    qkv_bias = model_type == "qwen2" or bool(getattr(config, bias_key, False))
     kv_heads = read_int(config, "num_key_value_heads", default=heads)
     rotary_dim = _rotary_dim(config, head_dim)
     if deepseek:  # config.head_dim is the rotated part: q's and k's heads are wider
@@ -97,11 +98,11 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         qk_norm_after_rope=model_type == "hunyuan_v1_dense",
         clip_qkv=model_type == "olmoe" and getattr(config, "clip_qkv", None) is not None,
         sandwich="gemma" if sandwiched else "olmo2" if post_norms else "",
-        rope_fp32=olmo,
+        rope_fp32=olmo or ernie,
         rope_per_kind=model_type in ("gemma3_text", "gemma3", "olmo3"),
         rope_concat=model_type in ("phi3", "glm4", "glm4_moe", "gpt_oss"),
         rotary_dim=rotary_dim,
-        rope_interleaved=glm,
+        rope_interleaved=glm or ernie,
         rope_halves=gpt_oss,
         attn_sinks=gpt_oss,
         softmax_in_dtype=gpt_oss,
@@ -142,7 +143,7 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         ),
         dropout_in_attention=seed,
         embed_dropout=float(getattr(config, "embd_pdrop", 0.0) or 0.0),
-        mlp_bias=bool(getattr(config, "mlp_bias", False)),
+        mlp_bias=bool(getattr(config, "use_bias" if ernie else "mlp_bias", False)),
     )
 
 
