@@ -73,6 +73,23 @@ _DECODER = {
     "eos_token_id": 2,
 }
 
+# DeepSeek's multi-head latent attention, k and v projected per head (kv heads = heads).
+_MLA = {
+    **_DECODER,
+    "num_key_value_heads": 4,
+    "q_lora_rank": 12,
+    "kv_lora_rank": 16,
+    "qk_nope_head_dim": 8,
+    "qk_rope_head_dim": 4,
+    "v_head_dim": 6,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 16,
+    "first_k_dense_replace": 64,
+    "n_group": 2,
+    "topk_group": 1,
+}
+
 _SPECS: dict[str, _Spec] = {
     "llama": _Spec("LlamaConfig", "LlamaForCausalLM", _DECODER),
     "mistral": _Spec("MistralConfig", "MistralForCausalLM", _DECODER),
@@ -139,45 +156,9 @@ _SPECS: dict[str, _Spec] = {
         },
     ),
     # MLA with a q latent; dense layers only (FlopCounterMode does not count grouped_mm).
-    "deepseek_v3": _Spec(
-        "DeepseekV3Config",
-        "DeepseekV3ForCausalLM",
-        {
-            **_DECODER,
-            "num_key_value_heads": 4,  # MLA projects k and v per head
-            "q_lora_rank": 12,
-            "kv_lora_rank": 16,
-            "qk_nope_head_dim": 8,
-            "qk_rope_head_dim": 4,
-            "v_head_dim": 6,
-            "n_routed_experts": 4,
-            "num_experts_per_tok": 2,
-            "moe_intermediate_size": 16,
-            "first_k_dense_replace": 64,
-            "n_group": 2,
-            "topk_group": 1,
-        },
-    ),
+    "deepseek_v3": _Spec("DeepseekV3Config", "DeepseekV3ForCausalLM", _MLA),
     # DeepSeek-V2: the same, its RoPE a complex multiply.
-    "deepseek_v2": _Spec(
-        "DeepseekV2Config",
-        "DeepseekV2ForCausalLM",
-        {
-            **_DECODER,
-            "num_key_value_heads": 4,  # MLA projects k and v per head
-            "q_lora_rank": 12,
-            "kv_lora_rank": 16,
-            "qk_nope_head_dim": 8,
-            "qk_rope_head_dim": 4,
-            "v_head_dim": 6,
-            "n_routed_experts": 4,
-            "num_experts_per_tok": 2,
-            "moe_intermediate_size": 16,
-            "first_k_dense_replace": 64,
-            "n_group": 2,
-            "topk_group": 1,
-        },
-    ),
+    "deepseek_v2": _Spec("DeepseekV2Config", "DeepseekV2ForCausalLM", _MLA),
     "mixtral": _Spec(
         "MixtralConfig",
         "MixtralForCausalLM",
