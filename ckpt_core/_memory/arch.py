@@ -128,6 +128,9 @@ class Arch:
     # ``shared_expert``, its output scaled by ``sigmoid(shared_expert_gate(x))``; GLM-4.5's
     # ``shared_experts``, added as it is).
     shared_expert_intermediate: int = 0
+    # Qwen2-MoE's: ``mlp.shared_expert``, scaled by its gate (GLM-4.5's ``shared_experts``
+    # are not).
+    shared_expert_gate: bool = False
     # GLM-4.5's and DeepSeek's router: its weight kept in fp32 whatever the load, its input
     # copied to fp32; the scores it keeps (a sigmoid, DeepSeek-V2's softmax) are fp32.
     fp32_router: bool = False

@@ -84,7 +84,7 @@ def post_normed_block(
     ) -> int:
         tokens = recipe.batch * recipe.seq
         mask = inputs.layer_mask(arch, index)
-        rotary = not (arch.nope_layers and arch.nope_layers[index])
+        rotary = inputs.layer_rotary(arch, index)
 
         def self_attn(s: Sim, y: int, held: list[int] | None = None) -> int:
             return attention(s, y, arch=arch, recipe=recipe, mask=mask, held=held, rotary=rotary)

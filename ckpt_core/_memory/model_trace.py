@@ -49,6 +49,11 @@ class Inputs:
         sliding = bool(arch.sliding_layers) and arch.sliding_layers[index]
         return self.sliding_mask if sliding else self.mask
 
+    @staticmethod
+    def layer_rotary(arch: Arch, index: int) -> bool:
+        """Whether layer ``index`` applies RoPE (not one of `Arch.nope_layers`)."""
+        return not (arch.nope_layers and arch.nope_layers[index])
+
 
 @dataclass(frozen=True, slots=True)
 class TraceModel:
@@ -139,7 +144,7 @@ def llama_layer(
     """Layer ``index`` as Llama's: its kind's mask, RoPE unless it is a NoPE layer;
     ``layer_norm``: its two norms (Gemma's, in Gemma (1)'s layer)."""
     mask = inputs.layer_mask(arch, index)
-    rotary = not (arch.nope_layers and arch.nope_layers[index])
+    rotary = inputs.layer_rotary(arch, index)
     return block(
         sim,
         x,

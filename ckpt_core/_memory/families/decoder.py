@@ -111,7 +111,7 @@ def _param_layout(arch: Arch) -> ParamLayout:
             Linear(f"{module}.up_proj", h, shared, moe),
             Linear(f"{module}.down_proj", shared, h, moe),
         ]
-        if arch.model_type == "qwen2_moe":
+        if arch.shared_expert_gate:
             mlp.append(Linear("mlp.shared_expert_gate", h, 1, moe))
     experts = moe * arch.experts * 3 * h * arch.moe_intermediate
     router = moe * arch.experts * h
@@ -252,7 +252,7 @@ def _block_flops(arch: Arch, step: Step, kind: BlockKind) -> BlockFlops:
     if kind.moe:
         h, shared = arch.hidden, arch.shared_expert_intermediate
         routed = arch.experts + arch.top_k * 3 * arch.moe_intermediate
-        gate = 1 if arch.model_type == "qwen2_moe" else 0  # its shared expert's gate
+        gate = 1 if arch.shared_expert_gate else 0
         mlp = 2 * step.tokens * h * (routed + (3 * shared + gate if shared else 0))
         kept_after = True
     else:

@@ -129,6 +129,7 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         shared_expert_intermediate=_shared_expert_intermediate(config, model_type)
         if any(moe_layers)
         else 0,
+        shared_expert_gate=qwen2_moe,
         fp32_router=glm4_moe or deepseek or model_type == "dots1",
         router_group_mask=deepseek_v2
         and getattr(config, "topk_method", None) == "group_limited_greedy",

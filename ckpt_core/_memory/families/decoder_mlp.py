@@ -32,7 +32,7 @@ _PEFT_EXPERT_TARGETS: dict[str, tuple[str, str, str]] = {
 
 def shared_module(arch: Arch) -> str:
     """Where the shared expert is: Qwen2-MoE's ``shared_expert``, GLM-4.5's ``shared_experts``."""
-    return "mlp.shared_expert" if arch.model_type == "qwen2_moe" else "mlp.shared_experts"
+    return "mlp.shared_expert" if arch.shared_expert_gate else "mlp.shared_experts"
 
 
 def adapted_experts(arch: Arch, layers: int) -> tuple[AdaptedParameter, ...]:
@@ -135,7 +135,7 @@ def _shared_expert(led: Ledger, arch: Arch, step: Step, x: str) -> None:
     elem_bytes, tokens = step.dtype_bytes, step.tokens
     inter = arch.shared_expert_intermediate
     glu_mlp(led, arch, step, x, module=shared_module(arch), inter=inter)
-    if arch.model_type != "qwen2_moe":
+    if not arch.shared_expert_gate:
         return
     linear(led, step, x, arch.hidden, "mlp.shared_expert_gate")
     led.keep("mlp.shared_expert_gate.sigmoid", elem_bytes * tokens)
