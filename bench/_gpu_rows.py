@@ -101,6 +101,10 @@ def workload_of(row: dict[str, Any]) -> dict[str, Any]:
         "gradients": run.get("gradients", "set_to_none"),
         "padded": bool(run.get("padded", False)),
     }
+    # The shared rows' harness loads QLoRA with a device map and LoRA on the CPU, then
+    # .cuda(): the defaults.  bench/gpu_step.py records its own.
+    if run.get("load_path"):
+        workload["load_path"] = run["load_path"]
     if quantized:
         workload["weights"] = run["quantization"]
     if workload["method"] != "full":

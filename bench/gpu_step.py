@@ -49,6 +49,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj")
     parser.add_argument("--attention", choices=("eager", "sdpa"), default="sdpa")
     parser.add_argument(
+        "--load-path",
+        choices=("device_map", "to_device"),
+        default="device_map",
+        help="from_pretrained(device_map=...), or loaded on the CPU and moved with .to()",
+    )
+    parser.add_argument(
         "--padded", action="store_true", help="an attention mask that pads each row's last token"
     )
     parser.add_argument("--warmup", type=int, default=1)
@@ -57,6 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--weights", type=Path, help="folder for the random weights, reused when present"
     )
     args = parser.parse_args(argv)
+    if args.method == "qlora" and args.load_path == "to_device":
+        parser.error("--method qlora is quantized while it loads: only --load-path device_map")
     if args.hooks == "hf" and args.tier != "full":
         parser.error("--hooks hf checkpoints every block: only --tier full")
     for name in ("seq_len", "batch", "lora_rank", "warmup"):
@@ -84,6 +92,7 @@ def workload_of(args: argparse.Namespace) -> dict[str, Any]:
         "attention": args.attention,
         "double_quant": args.double_quant,
         "padded": args.padded,
+        "load_path": args.load_path,
     }
 
 
@@ -129,6 +138,7 @@ def build_row(
             "quantization": "nf4" if args.method == "qlora" else "none",
             "double_quant": args.double_quant,
             "padded": args.padded,
+            "load_path": args.load_path,
             "optimizer": "adamw",
             "method": args.method,
             "lora_rank": args.lora_rank,
@@ -215,7 +225,10 @@ def prepared_model(
             bnb_4bit_use_double_quant=args.double_quant,
         )
     folder = saved_random_weights(config, weights, dtype)
-    model = AutoModelForCausalLM.from_pretrained(folder, device_map=device, **kwargs)
+    if args.load_path == "device_map":
+        model = AutoModelForCausalLM.from_pretrained(folder, device_map=device, **kwargs)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(folder, **kwargs).to(device)
     if args.method == "qlora":
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     lora = LoraConfig(

@@ -22,6 +22,7 @@ from ckpt_core import (
     ESTIMATE_FAMILIES,
     GRADIENTS,
     KBIT_PREPARATIONS,
+    LOAD_PATHS,
     MAX_HEADROOM,
     MAX_HOST_MEMORY_GB,
     MAX_LORA_RANK,
@@ -160,6 +161,7 @@ OffloadField = _choice_field(Choice(OFFLOADS), " | ".join(OFFLOADS))
 KbitPreparationField = _choice_field(Choice(KBIT_PREPARATIONS), " | ".join(KBIT_PREPARATIONS))
 ComputeField = _choice_field(Choice(COMPUTES), " | ".join(COMPUTES))
 GradientsField = _choice_field(Choice(GRADIENTS), " | ".join(GRADIENTS))
+LoadPathField = _choice_field(Choice(LOAD_PATHS), " | ".join(LOAD_PATHS))
 # Cross-field rules: the combinations ckpt_core refuses, stated as the ones it takes.
 # Each group lists what it allows, one branch a case; the rules that share a field
 # are one anyOf of the product of their groups.  Stated as an allOf of anyOf
@@ -271,6 +273,15 @@ class WorkloadSpec(MeasureSpec):
     kbit_preparation: KbitPreparationField = "peft"
     compute: ComputeField = "loaded"
     gradients: GradientsField = "set_to_none"
+    load_path: LoadPathField | None = Field(
+        None,
+        description=(
+            "How the weights reach the GPU: device_map (from_pretrained with a device map: "
+            "transformers first reserves the model's size in one block) | to_device (loaded "
+            "on the CPU, then .to(device), as HF Trainer does without a device map); null: "
+            "device_map for quantized weights, to_device otherwise."
+        ),
+    )
     logits_held: bool = Field(True, description="The step's output stays referenced.")
     engine: EngineField = "torch"
     offload: OffloadField = "none"

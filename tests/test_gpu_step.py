@@ -41,6 +41,8 @@ def test_defaults_and_choices() -> None:
         ["--tier", "most"],
         ["--batch", "0"],
         ["--attention", "flash"],
+        ["--method", "qlora", "--load-path", "to_device"],  # bitsandbytes quantizes on load
+        ["--load-path", "cpu"],
     ],
 )
 def test_bad_arguments_are_refused(extra: list[str]) -> None:
@@ -76,6 +78,7 @@ def test_the_row_round_trips_through_gpu_truth(
     workload = workload_of(loaded)
     assert workload["method"] == method and workload["attention"] == attention
     assert workload["seq_len"] == 1024 and workload["micro_batch_size"] == 2
+    assert workload["load_path"] == "device_map"  # from_pretrained(device_map=...), the default
     estimate = estimate_row(loaded)
     assert row["predicted"]["process_mib"] == estimate["peak_bytes"] / gpu_step.MIB
     assert row["model_config"]["num_kv_heads"] == config["num_key_value_heads"]
@@ -89,6 +92,25 @@ def test_a_padded_row_is_estimated_as_a_padded_batch() -> None:
     plain = gpu_step.build_row(args, config, MEASURED, "NVIDIA H200", {"torch": "x"})
     assert workload_of(padded)["padded"] and not workload_of(plain)["padded"]
     assert padded["predicted"]["allocated_mib"] > plain["predicted"]["allocated_mib"]
+
+
+def test_a_row_loaded_and_moved_is_estimated_as_such() -> None:
+    """--load-path to_device: the row says so, and the estimate replays that load."""
+    config = dict(load_model_config({"preset": "qwen2.5-1.5b"}).config)
+    rows = {
+        path: gpu_step.build_row(
+            gpu_step.parse_args([*ARGS, "--tier", "off", "--load-path", path]),
+            config,
+            MEASURED,
+            "NVIDIA H200",
+            {"torch": "x"},
+        )
+        for path in ("device_map", "to_device")
+    }
+    assert {workload_of(row)["load_path"] for row in rows.values()} == set(rows)
+    moved, mapped = rows["to_device"]["predicted"], rows["device_map"]["predicted"]
+    assert moved["allocated_mib"] == pytest.approx(mapped["allocated_mib"], rel=1e-3)
+    assert moved["process_mib"] != mapped["process_mib"]  # the same tensors in another pool
 
 
 def test_the_sweep_covers_every_tier_of_three_families_at_two_lengths(

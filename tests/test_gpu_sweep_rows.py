@@ -47,6 +47,17 @@ def test_allocated_peak_within_5_percent_on_every_tier(scores: list[gpu_truth.Sc
     assert abs(worst) <= gpu_truth.TARGETS["allocated_worst"]
 
 
+def test_the_rows_were_loaded_with_a_device_map(rows: list[dict]) -> None:
+    """bench/gpu_step loads through from_pretrained(device_map=...), and the rows say so."""
+    assert {row["run"]["load_path"] for row in rows} == {"device_map"}
+
+
+def test_process_memory_within_1_percent_on_every_tier(scores: list[gpu_truth.Score]) -> None:
+    """The device-map load's warm-up block is in the replay: every row within 1%."""
+    worst = max((item.process_error for item in scores), key=abs)
+    assert abs(worst) <= 1.0
+
+
 def test_boundary_verdicts_are_never_dangerous(rows: list[dict]) -> None:
     """Budgets 2-10% either side of each step's real process memory: never a wrong "fits"."""
     verdicts = gpu_truth.boundary(rows, None)

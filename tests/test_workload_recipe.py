@@ -29,6 +29,10 @@ def test_defaults_match_what_people_run() -> None:
     assert workload.gradients == "set_to_none"  # torch's zero_grad default
     assert workload.logits_held is True
     assert workload.padded is False  # one sequence per row, or packed without padding
+    # HF Trainer / TRL move an unquantized model with .to(); bitsandbytes needs a device map.
+    assert workload.load_path is None
+    assert workload.loaded_with_device_map is False
+    assert Workload(seq_len=512, method="qlora").loaded_with_device_map is True
 
 
 @pytest.mark.parametrize(
@@ -39,6 +43,8 @@ def test_defaults_match_what_people_run() -> None:
         ("kbit_preparation", "manual"),
         ("compute", "amp"),
         ("gradients", "zero"),
+        ("load_path", "cuda"),
+        ("load_path", True),
         ("logits_held", None),
         ("padded", "true"),
         ("padded", 0),

@@ -246,6 +246,9 @@ def recipe_for(
         half_scores=workload.dtype == "fp16",
         padded=step.padded,
         idle_adapters=tuple(LORA_BYTES * size for size in idle_adapters),
+        # A 4-bit load's pool is left to the per-tensor order: transformers' loader threads
+        # run ahead of the quantization by a timing-dependent amount (docs/memory-model.md).
+        device_map=workload.loaded_with_device_map and not workload.quantized,
     )
     return Recipe(
         logits_bytes=logits,

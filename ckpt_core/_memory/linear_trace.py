@@ -42,6 +42,7 @@ class TraceRecipe:
     blas_workspace: int = 0  # one cuBLAS workspace (`ckpt_core._memory.workspace`)
     padded: bool = False  # an attention mask with padding (`ckpt_core._memory.model_trace`)
     idle_adapters: tuple[int, ...] = ()  # adapter tensors on an idle tower, in PEFT's order
+    device_map: bool = False  # loaded by from_pretrained(device_map=...), not moved with .to()
 
 
 def adapted(recipe: TraceRecipe, name: str) -> bool:

@@ -89,12 +89,41 @@ def _load(sim: Sim, arch: Arch, recipe: TraceRecipe) -> list[int]:
     """Allocate the model as loaded and prepared; returns the trainable tensors' sizes,
     in ``model.parameters()`` order (the optimizer makes its states in that order):
     the token embeddings, the blocks, an untied LM head last."""
-    heads = 1 if arch.tied else 2
     embedding = recipe.weights * arch.vocab * arch.hidden
-    trainable: list[int] = [embedding] if recipe.full else []
     # A tower text-only training never runs comes first in module order; never trained.
     idle = [sim.new(recipe.weights * n) for n in family_of(arch).idle_tensors(arch)]
-    embeddings = [sim.new(embedding) for _ in range(heads)]
+    if recipe.device_map:  # unquantized: nothing is re-allocated after the load
+        _load_from_checkpoint(sim, arch, recipe)
+    else:
+        embeddings, norms = _load_and_move(sim, arch, recipe)
+        if recipe.quantized and recipe.kept != recipe.weights:  # PEFT's kbit preparation
+            for tensor in idle + embeddings + norms:
+                sim.new(sim.size(tensor) // recipe.weights * recipe.kept)
+                sim.drop(tensor)
+    trainable: list[int] = []
+    if recipe.full:
+        trainable.append(embedding)
+        block = [recipe.weights * fan_in * fan_out for _, fan_in, fan_out in _linears(arch)]
+        trainable += block * arch.layers
+        if not arch.tied:
+            trainable.append(embedding)
+    for size in recipe.idle_adapters:  # PEFT's adapters on the idle tower come first
+        sim.new(size)
+    for _ in range(arch.layers):
+        for name, fan_in, fan_out in _linears(arch):
+            if recipe.lora_rank and adapted(recipe, name):
+                for size in (4 * recipe.lora_rank * fan_in, 4 * recipe.lora_rank * fan_out):
+                    sim.new(size)
+                    trainable.append(size)
+    return trainable
+
+
+def _load_and_move(sim: Sim, arch: Arch, recipe: TraceRecipe) -> tuple[list[int], list[int]]:
+    """Parameter by parameter in module order, each in a block of its own (loaded on the
+    CPU and moved with ``.to(device)``; a 4-bit model as bitsandbytes quantizes each
+    block linear from a compute-dtype copy on the device).  Returns the embeddings and
+    the norms."""
+    embeddings = [sim.new(recipe.weights * arch.vocab * arch.hidden) for _ in _heads(arch)]
     norms = [sim.new(recipe.weights * arch.hidden) for _ in range(2 * arch.layers + 1)]
     for _ in range(arch.layers):
         for _, fan_in, fan_out in _linears(arch):
@@ -106,23 +135,29 @@ def _load(sim: Sim, arch: Arch, recipe: TraceRecipe) -> list[int]:
                 sim.drop(copy)
             else:
                 sim.new(recipe.weights * n)
-                if recipe.full:
-                    trainable.append(recipe.weights * n)
-    if recipe.quantized and recipe.kept != recipe.weights:
-        for tensor in idle + embeddings + norms:
-            sim.new(sim.size(tensor) // recipe.weights * recipe.kept)
-            sim.drop(tensor)
-    if recipe.full and not arch.tied:
-        trainable.append(embedding)
-    for size in recipe.idle_adapters:  # PEFT's adapters on the idle tower come first
+    return embeddings, norms
+
+
+def _load_from_checkpoint(sim: Sim, arch: Arch, recipe: TraceRecipe) -> None:
+    """``from_pretrained`` with a device map, unquantized.  transformers'
+    ``caching_allocator_warmup`` first allocates and frees one block of the model's
+    size (a tied head counted once), then the checkpoint's tensors load into it in
+    sorted key order (``dot_natural_key``: ``lm_head`` before ``model.*``; in a layer
+    ``mlp.*`` before ``self_attn.*``).  The norms, under 1 MiB, come from the small
+    pool, so their place in that order changes nothing."""
+    embedding = recipe.weights * arch.vocab * arch.hidden
+    linears = [recipe.weights * fan_in * fan_out for _, fan_in, fan_out in sorted(_linears(arch))]
+    norms = [recipe.weights * arch.hidden] * (2 * arch.layers + 1)
+    large = [embedding for _ in _heads(arch)] + linears * arch.layers
+    total = sum(large) + sum(norms)
+    sim.drop(sim.new(total // 2 * 2))  # torch.empty(byte_count // 2, dtype=torch.float16)
+    for size in large + norms:
         sim.new(size)
-    for _ in range(arch.layers):
-        for name, fan_in, fan_out in _linears(arch):
-            if recipe.lora_rank and adapted(recipe, name):
-                for size in (4 * recipe.lora_rank * fan_in, 4 * recipe.lora_rank * fan_out):
-                    sim.new(size)
-                    trainable.append(size)
-    return trainable
+
+
+def _heads(arch: Arch) -> range:
+    """The token embedding, and an untied LM head."""
+    return range(1 if arch.tied else 2)
 
 
 def _step(

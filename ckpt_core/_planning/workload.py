@@ -22,6 +22,7 @@ Attention = Literal["sdpa", "flash_attention_2", "eager"]
 KbitPreparation = Literal["peft", "none"]
 Compute = Literal["loaded", "autocast"]
 Gradients = Literal["set_to_none", "accumulate"]
+LoadPath = Literal["device_map", "to_device"]
 Sharding = Literal["none", "zero1", "zero2", "zero3"]
 Engine = Literal["torch", "deepspeed"]
 Offload = Literal["none", "optimizer", "all"]
@@ -34,6 +35,7 @@ ATTENTIONS: Final[tuple[str, ...]] = ("sdpa", "flash_attention_2", "eager")
 KBIT_PREPARATIONS: Final[tuple[str, ...]] = ("peft", "none")
 COMPUTES: Final[tuple[str, ...]] = ("loaded", "autocast")
 GRADIENTS: Final[tuple[str, ...]] = ("set_to_none", "accumulate")
+LOAD_PATHS: Final[tuple[str, ...]] = ("device_map", "to_device")
 QUANTIZED: Final[tuple[str, ...]] = ("int8", "nf4")
 SHARDINGS: Final[tuple[str, ...]] = ("none", "zero1", "zero2", "zero3")
 ENGINES: Final[tuple[str, ...]] = ("torch", "deepspeed")
@@ -67,6 +69,9 @@ class Workload:
     kbit_preparation: KbitPreparation = "peft"  # prepare_model_for_kbit_training, or none
     compute: Compute = "loaded"  # weights loaded in dtype, or fp32 weights + autocast to dtype
     gradients: Gradients = "set_to_none"  # zero_grad(set_to_none=True) each step, or accumulate
+    # from_pretrained(device_map=...), or loaded on the CPU and moved with .to(device);
+    # None: device_map for quantized weights (bitsandbytes quantizes as they load), else to_device
+    load_path: LoadPath | None = None
     logits_held: bool = True  # the step's output (logits) stays referenced through backward
     padded: bool = False  # an attention mask with padding reaches the model (pad to longest)
     # Distributed data parallelism (`ckpt_core._memory.sharding`); checked by `_check_distributed`.
@@ -108,6 +113,8 @@ class Workload:
         _check_choice("kbit_preparation", self.kbit_preparation, KBIT_PREPARATIONS)
         _check_choice("compute", self.compute, COMPUTES)
         _check_choice("gradients", self.gradients, GRADIENTS)
+        if self.load_path is not None:
+            _check_choice("load_path", self.load_path, LOAD_PATHS)
         if self.compute == "autocast" and self.dtype == "fp32":
             raise InvalidWorkloadError(
                 "compute 'autocast' runs fp32 weights in a bf16 or fp16 dtype; with dtype fp32 "
@@ -140,6 +147,13 @@ class Workload:
     def kbit_prepared(self) -> bool:
         """PEFT's prepare_model_for_kbit_training ran: non-quantized parameters are fp32."""
         return self.quantized and self.kbit_preparation == "peft"
+
+    @property
+    def loaded_with_device_map(self) -> bool:
+        """``from_pretrained`` placed the weights (``load_path``, defaults applied)."""
+        if self.load_path is None:
+            return self.quantized
+        return self.load_path == "device_map"
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
