@@ -79,6 +79,19 @@ def test_a_padded_workload_is_estimated_as_one(api: TestClient) -> None:
     assert tiers[0]["off"]["activation_bytes"] > tiers[1]["off"]["activation_bytes"]
 
 
+def test_the_load_path_reaches_the_estimate(api: TestClient) -> None:
+    """A device-map load starts the step from one warm-up block: another pool."""
+    model = {"preset": "qwen2.5-1.5b"}
+    workload = {"seq_len": 1024, "micro_batch_size": 2, "method": "lora"}
+    body = {"tier": "auto", "gpu": "H200", "model": model, "workload": workload}
+    peaks = []
+    for path in ("device_map", "to_device"):
+        response = api.post("/resolve", json={**body, "workload": {**workload, "load_path": path}})
+        assert response.status_code == 200, response.text
+        peaks.append(response.json()["estimate"]["tiers"]["off"]["peak_bytes"])
+    assert peaks[0] != peaks[1]
+
+
 @pytest.mark.parametrize("path", ["/resolve", "/dry-run"])
 def test_a_missing_tier_is_a_422_naming_it(api: TestClient, path: str) -> None:
     """A forgotten tier must not silently mean "off": null, false and "off" say it."""
@@ -157,6 +170,16 @@ LARGE_CONFIG = {**TINY_CONFIG, "num_hidden_layers": 100_000}
             422,
             "invalid_workload",
             "workload.padded",
+        ),
+        (
+            {
+                "tier": "auto",
+                "model": {"preset": "gpt2"},
+                "workload": {"seq_len": 8, "load_path": "gpu"},
+            },
+            422,
+            "invalid_workload",
+            "workload.load_path",
         ),
         ({"tier": "auto", "teir": "full"}, 422, "invalid_request", "teir"),
         ([1, 2], 422, "invalid_request", "body"),
