@@ -473,6 +473,27 @@ def test_weight_storage_orders_and_nf4_overhead(
     assert bits == pytest.approx(nf4_bits, abs=0.001)
 
 
+@pytest.mark.parametrize("tier", ["off", "full"])
+def test_int8_weights_are_in_the_peak_as_bitsandbytes_holds_them(tier: str) -> None:
+    """LLM.int8() keeps 1 B per weight and an fp32 scale per row (4-bit: half a byte and an
+    absmax per 64): every peak holds the difference."""
+    plans = {
+        weights: make_plan(
+            tier,
+            model={"preset": "llama-3.2-1b"},
+            gpu="T4",
+            workload={"seq_len": 1024, "method": "qlora", "weights": weights, "dtype": "fp16"},
+        ).estimate
+        for weights in ("nf4", "int8")
+    }
+    resident = {name: plan["assumptions"]["weights_bytes"] for name, plan in plans.items()}
+    gap = resident["int8"] - resident["nf4"]
+    assert gap > 0
+    for peak in ("allocated_bytes", "peak_bytes"):
+        grown = plans["int8"]["tiers"][tier][peak] - plans["nf4"]["tiers"][tier][peak]
+        assert grown >= 0.99 * gap  # less whole cached blocks the allocator hands out
+
+
 def test_optimizer_states_by_optimizer_and_method() -> None:
     statics = {
         optimizer: run_for("llama-3.2-1b", seq_len=1024, optimizer=optimizer).static

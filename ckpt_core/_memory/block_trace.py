@@ -415,7 +415,7 @@ def eager_attention(
     # SoftMax.cpp `softmax(x, dim, dtype=float32)`: on CUDA an fp16 input is read by the
     # half_to_float kernel; any other (bf16) is first converted, a copy that dies once
     # the softmax returns, and whose backward casts the fp32 gradient back.
-    upcast = masked if act == 4 or recipe.half_scores else sim.op([masked], 4 * scores)
+    upcast = masked if act == 4 or recipe.fp16 else sim.op([masked], 4 * scores)
     softmax = sim.op([upcast], 4 * scores, save_out=True, backward_scratch=extra)
     if upcast != masked:
         sim.drop(upcast)

@@ -243,7 +243,8 @@ def recipe_for(
         foreach_temp=workload.optimizer == "adamw",
         accumulate=workload.gradients == "accumulate",
         blas_workspace=blas_workspace,
-        half_scores=workload.dtype == "fp16",
+        fp16=workload.dtype == "fp16",
+        int8=workload.weight_storage == "int8",
         padded=step.padded,
         idle_adapters=tuple(LORA_BYTES * size for size in idle_adapters),
         # A 4-bit load's pool is left to the per-tensor order: transformers' loader threads
@@ -257,7 +258,11 @@ def recipe_for(
         block_gradients=(static.gradients - head) // layers,
         gradients_held=workload.gradients == "accumulate",
         optimizer_temporary=temporary,
-        dequantized=widest * compute if workload.quantized else 0,
+        # bitsandbytes dequantizes a weight for the input's gradient: 4-bit into the compute
+        # dtype, int8 into the input's (fp32 after kbit preparation).
+        dequantized=widest * (step.dtype_bytes if trace.int8 else compute)
+        if workload.quantized
+        else 0,
         trace=trace,
     )
 

@@ -37,8 +37,10 @@ class TraceRecipe:
     foreach_temp: bool  # torch AdamW's foreach temporary
     accumulate: bool
     eager_extra: bool = True  # CUDA softmax backward's fp32 grad * output temporary
-    # fp16 scores: CUDA's softmax upcasts inside its kernel; bf16 ones are copied to fp32 first.
-    half_scores: bool = False
+    # The compute dtype is fp16, not bf16: CUDA's softmax upcasts fp16 scores inside its
+    # kernel (bf16 ones are copied to fp32 first), and bitsandbytes' int8 matmul takes fp16.
+    fp16: bool = False
+    int8: bool = False  # bitsandbytes' LLM.int8() linears (else 4-bit when quantized)
     blas_workspace: int = 0  # one cuBLAS workspace (`ckpt_core._memory.workspace`)
     padded: bool = False  # an attention mask with padding (`ckpt_core._memory.model_trace`)
     idle_adapters: tuple[int, ...] = ()  # adapter tensors on an idle tower, in PEFT's order
@@ -54,7 +56,9 @@ def linear(sim: Sim, x: int, name: str, shape: tuple[int, int], recipe: TraceRec
     fan_in, fan_out = shape
     tokens = recipe.batch * recipe.seq
     act, compute = recipe.act, recipe.compute
-    if recipe.quantized:  # bitsandbytes: cast to the compute dtype, dequantize, cast back
+    if recipe.int8:
+        base = _int8_matmul(sim, x, shape, recipe)
+    elif recipe.quantized:  # bitsandbytes: cast to the compute dtype, dequantize, cast back
         cast = sim.op([x], compute * tokens * fan_in) if act != compute else x
         out = sim.op(
             [cast],
@@ -83,7 +87,7 @@ def linear(sim: Sim, x: int, name: str, shape: tuple[int, int], recipe: TraceRec
     if not (recipe.lora_rank and adapted(recipe, name)):
         return base
     if recipe.quantized:
-        return _lora_4bit(sim, x, base, shape, recipe)
+        return _lora_bnb(sim, x, base, shape, recipe)
     # peft lora.Linear.forward: `x = self._cast_input_dtype(x, fp32)` lives until the
     # return; `result = result + lora_B(lora_A(dropout(x))) * scaling` frees lora_A's
     # output when lora_B returns, then the product, then the base result.
@@ -98,16 +102,56 @@ def linear(sim: Sim, x: int, name: str, shape: tuple[int, int], recipe: TraceRec
     return out
 
 
-def _lora_4bit(sim: Sim, x: int, base: int, shape: tuple[int, int], recipe: TraceRecipe) -> int:
-    """PEFT's adapter on a bitsandbytes 4-bit linear (peft/tuners/lora/bnb.py Linear4bit.forward).
+def _int8_matmul(sim: Sim, x: int, shape: tuple[int, int], recipe: TraceRecipe) -> int:
+    """bitsandbytes' LLM.int8() product with a frozen weight (``MatMul8bitLt`` in
+    autograd/_functions.py, the CUDA kernels of backends/cuda/ops.py, transformers'
+    outlier threshold 6.0).
 
-    `result = result.clone()` copies the base output first; `output = lora_B(lora_A(x))
-    * scaling` (cast to the result's dtype) is a local that lives until the return.
+    The input cast to fp16 lives while it is quantized row-wise (row scales, then
+    int8 rows; ``A.abs() >= threshold`` marks the outlier columns); the int32
+    product is dequantized to fp16, cast to the input's dtype, and the outlier
+    columns' product is added by ``addmm`` into a new output (real activations have
+    outliers; their few columns are left out).  The input is kept for backward,
+    which dequantizes the weight into the input's dtype for the input's gradient.
+    """
+    fan_in, fan_out = shape
+    tokens, act = recipe.batch * recipe.seq, recipe.act
+    rows = tokens * fan_in
+    half = None if act == 2 and recipe.fp16 else sim.new(2 * rows)
+    scales, quantized = sim.new(4 * tokens), sim.new(rows)
+    magnitude = sim.new(2 * rows)
+    outliers = sim.new(rows)
+    sim.drop(magnitude, outliers)
+    if half is not None:
+        sim.drop(half)
+    product = sim.new(4 * tokens * fan_out)
+    output = sim.new(2 * tokens * fan_out)
+    sim.drop(product)
+    if not (act == 2 and recipe.fp16):
+        cast = sim.new(act * tokens * fan_out)
+        sim.drop(output)
+        output = cast
+    out = sim.op(
+        [x], act * tokens * fan_out, save=[x], backward_temps=[act * fan_in * fan_out], matmul=True
+    )
+    sim.drop(output, quantized, scales)
+    return out
+
+
+def _lora_bnb(sim: Sim, x: int, base: int, shape: tuple[int, int], recipe: TraceRecipe) -> int:
+    """PEFT's adapter on a bitsandbytes linear (peft/tuners/lora/bnb.py: Linear4bit.forward,
+    Linear8bitLt.forward).
+
+    The 4-bit layer's `result = result.clone()` copies the base output first;
+    `output = lora_B(lora_A(x)) * scaling` (cast to the result's dtype) is a local
+    that lives until the return.
     """
     fan_out = shape[1]
     tokens, act = recipe.batch * recipe.seq, recipe.act
-    result = sim.op([base], act * tokens * fan_out, alias=True)
-    sim.drop(base)
+    result = base
+    if not recipe.int8:
+        result = sim.op([base], act * tokens * fan_out, alias=True)
+        sim.drop(base)
     lora_in, scaled = _adapter(sim, x, shape, recipe)
     output = sim.op([scaled], act * tokens * fan_out) if act != 4 else scaled
     if output != scaled:

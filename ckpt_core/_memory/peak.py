@@ -14,8 +14,8 @@ for ``torch.cuda.max_memory_allocated()`` (the recipe: `Recipe`):
   what the meta trace does not show: CUDA's eager-attention backward holds one
   more score-sized buffer in the compute dtype (counted on the shared T4 rows:
   softmax output, its fp32 gradient and two score-sized gradients coexist),
-  and bitsandbytes dequantizes the widest quantized weight into the compute
-  dtype for the input gradient;
+  and bitsandbytes dequantizes the widest quantized weight for the input
+  gradient (4-bit: into the compute dtype; int8: into the input's dtype);
 - the optimizer step: every gradient, the states, and torch's foreach AdamW
   temporary (one state-sized tensor for the denominator).
 
@@ -48,7 +48,8 @@ class Recipe:
     ``block_gradients``: gradient bytes of the largest block.
     ``gradients_held``: every gradient is allocated all step (accumulation).
     ``optimizer_temporary``: bytes of the optimizer step's temporaries.
-    ``dequantized``: bytes of the widest quantized weight in the compute dtype.
+    ``dequantized``: bytes of the widest quantized weight as bitsandbytes dequantizes it
+    for the input's gradient.
     """
 
     logits_bytes: int = 0
@@ -98,6 +99,6 @@ def _eager_extra(arch: Arch, step: Step, recipe: Recipe) -> int:
     if step.attention != "eager":
         return 0
     scores = step.batch * arch.heads * step.seq * step.seq
-    half_scores = recipe.trace is not None and recipe.trace.half_scores
-    copied = step.dtype_bytes < 4 and not half_scores and not arch.softmax_in_dtype
+    fp16 = recipe.trace is not None and recipe.trace.fp16
+    copied = step.dtype_bytes < 4 and not fp16 and not arch.softmax_in_dtype
     return (step.dtype_bytes + (4 - step.dtype_bytes if copied else 0)) * scores

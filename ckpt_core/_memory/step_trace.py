@@ -120,15 +120,23 @@ def _load(sim: Sim, arch: Arch, recipe: TraceRecipe) -> list[int]:
 
 def _load_and_move(sim: Sim, arch: Arch, recipe: TraceRecipe) -> tuple[list[int], list[int]]:
     """Parameter by parameter in module order, each in a block of its own (loaded on the
-    CPU and moved with ``.to(device)``; a 4-bit model as bitsandbytes quantizes each
-    block linear from a compute-dtype copy on the device).  Returns the embeddings and
-    the norms."""
+    CPU and moved with ``.to(device)``; a quantized model as bitsandbytes quantizes
+    each block linear from a copy on the device: 4-bit packed weights and their
+    absmax, or int8 rows and their fp32 scales).  Returns the embeddings and the
+    norms."""
     embeddings = [sim.new(recipe.weights * arch.vocab * arch.hidden) for _ in _heads(arch)]
     norms = [sim.new(recipe.weights * arch.hidden) for _ in range(2 * arch.layers + 1)]
     for _ in range(arch.layers):
         for _, fan_in, fan_out in _linears(arch):
             n = fan_in * fan_out
-            if recipe.quantized:
+            if recipe.int8:
+                # transformers' Bnb8bitQuantize: Int8Params(value.to("cpu")).to(device)
+                # copies the loaded value back as fp16 and quantizes it row-wise.
+                copies = sim.new(recipe.compute * n), sim.new(2 * n)
+                sim.new(4 * fan_out)
+                sim.new(n)
+                sim.drop(*copies)
+            elif recipe.quantized:
                 copy = sim.new(recipe.compute * n)
                 sim.new(n // 2)
                 sim.new(n // 64 if recipe.double_quant else n // 16)
