@@ -62,6 +62,7 @@ class Case:
     seq: int
     padded: bool = False  # an attention mask with padding (`measure_activation_bytes`'s)
     overrides: tuple[tuple[str, Any], ...] = ()  # config keys set on the preset's config
+    weights: str = "nf4"  # a QLoRA case's bitsandbytes weights: nf4 | int8
 
     @property
     def targets(self) -> list[str]:
@@ -100,6 +101,7 @@ class _Log(TorchDispatchMode):
         buffer = ("dequantized", len(events))
         if dequantized:  # made before the output, freed on return
             events.append(("malloc", buffer, dequantized, ""))
+        product = _int8_product(func, args, kwargs or {}, events)
         for tensor in tree_flatten(out)[0]:
             if getattr(tensor, "is_meta", False):
                 storage = tensor.untyped_storage()
@@ -112,6 +114,16 @@ class _Log(TorchDispatchMode):
                 events.append(("malloc", key, storage.nbytes(), str(func)))
         if dequantized:
             events.append(("free", buffer, 0, ""))
+        if product is not None:
+            events.append(("free", product, 0, ""))
+        if str(func) == "bitsandbytes.int8_vectorwise_quant.default":
+            # CUDA's kernel at transformers' threshold 6.0: `A.abs() >= threshold`.
+            rows = args[0].numel()
+            magnitude, outliers = ("abs", len(events)), ("outliers", len(events))
+            events.append(("malloc", magnitude, 2 * rows, ""))
+            events.append(("malloc", outliers, rows, ""))
+            events.append(("free", magnitude, 0, ""))
+            events.append(("free", outliers, 0, ""))
         if self.eager and str(func) == "aten._softmax_backward_data.default":
             # CUDA's softmax backward: an fp32 `grad * output` temporary.
             temporary = ("softmax", len(events))
@@ -128,6 +140,43 @@ def _dequantized(func: Any, args: Any) -> int:
     inputs, shape = args[0], args[2]
     rows = inputs.numel() // inputs.shape[-1]
     return shape[0] * shape[1] * inputs.element_size() if rows > 1536 else 0
+
+
+def _int8_product(func: Any, args: Any, kwargs: Any, events: list[Event]) -> Any:
+    """bitsandbytes' CUDA ``int8_scaled_mm`` at transformers' outlier threshold: the int32
+    product, its fp16 dequantization (cast to the input's dtype) and the output ``addmm``
+    remakes with the outlier columns.  Logs the buffers made before the op's output and
+    returns the key of the one freed after it (None for any other op)."""
+    if str(func) != "bitsandbytes.int8_scaled_mm.default":
+        return None
+    rows = args[0].numel() // args[0].shape[-1]
+    size = rows * args[1].shape[0]
+    dtype = kwargs.get("dtype") or (args[5] if len(args) > 5 else None) or torch.float16
+    product, half, cast = (("int8", name, len(events)) for name in ("i32", "fp16", "cast"))
+    events.append(("malloc", product, 4 * size, ""))
+    events.append(("malloc", half, 2 * size, ""))
+    events.append(("free", product, 0, ""))
+    if dtype == torch.float16:
+        return half
+    events.append(("malloc", cast, dtype.itemsize * size, ""))
+    events.append(("free", half, 0, ""))
+    return cast
+
+
+def _int8(fan_in: int, fan_out: int) -> Any:
+    """bitsandbytes' Linear8bitLt with int8 rows and fp32 row scales built on meta; its
+    outlier threshold is 0 here (meta cannot make the data-dependent outlier columns),
+    and `_Log` adds the buffers transformers' threshold 6.0 makes."""
+    import bitsandbytes as bnb
+
+    layer = bnb.nn.Linear8bitLt(
+        fan_in, fan_out, bias=False, has_fp16_weights=False, threshold=0.0, device="meta"
+    )
+    rows = torch.empty(fan_out, fan_in, dtype=torch.int8, device="meta")
+    layer.weight = bnb.nn.Int8Params(rows, requires_grad=False, has_fp16_weights=False)
+    layer.weight.CB = rows
+    layer.weight.SCB = torch.empty(fan_out, dtype=torch.float32, device="meta")
+    return layer
 
 
 def _quantized(fan_in: int, fan_out: int, dtype: Any) -> Any:
@@ -168,10 +217,15 @@ def _model(case: Case) -> Any:
             for parent in (layer.self_attn, layer.mlp):
                 for name, child in list(parent.named_children()):
                     if isinstance(child, torch.nn.Linear):
-                        setattr(
-                            parent, name, _quantized(child.in_features, child.out_features, dtype)
+                        shape = child.in_features, child.out_features
+                        quantized = (
+                            _int8(*shape) if case.weights == "int8" else _quantized(*shape, dtype)
                         )
-        model.is_loaded_in_4bit = True
+                        setattr(parent, name, quantized)
+        if case.weights == "int8":  # PEFT's dispatch picks its 8-bit LoRA layer by this
+            model.is_loaded_in_8bit = True
+        else:
+            model.is_loaded_in_4bit = True
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     if case.method != "full":
         lora = LoraConfig(r=32, lora_alpha=64, lora_dropout=0.0, target_modules=case.targets)
@@ -207,7 +261,15 @@ def _record_load(model: Any, quantized: bool, events: list[Event], known: dict[i
             if "lora_" in name:
                 continue
             quant_state = getattr(param, "quant_state", None)
-            if quant_state is not None:
+            if param.dtype == torch.int8:  # transformers' Bnb8bitQuantize: an fp16 copy back
+                copies = ("value", name), ("fp16", name)
+                for copy in copies:
+                    events.append(("malloc", copy, 2 * param.numel(), "load"))
+                _register(param.SCB, events, known)
+                _register(param, events, known)
+                for copy in copies:
+                    events.append(("free", copy, 0, ""))
+            elif quant_state is not None:
                 copy = ("copy", name)
                 size = quant_state.dtype.itemsize * quant_state.shape.numel()
                 events.append(("malloc", copy, size, "load"))
@@ -338,7 +400,7 @@ def estimate(case: Case) -> tuple[int, int, int]:
     if case.method != "full":
         workload.update(lora_rank=32, lora_targets=case.targets)
     if case.method == "qlora":
-        workload["weights"] = "nf4"
+        workload["weights"] = case.weights
     run = prepare(model_facts(case.model), parse_workload(workload), GPU)
     answer = estimate_tiers(run, None)
     tier = answer["tiers"][case.tier]
@@ -352,7 +414,18 @@ def cases(args: argparse.Namespace) -> Iterator[Case]:
     for preset, method, dtype, attention, tier in product:
         if dtype == "fp16" and attention == "eager":
             continue  # meta makes the fp32 softmax copy that CUDA does not
-        yield Case(preset, method, dtype, attention, tier, args.batch, args.seq, args.padded)
+        for weights in args.weights if method == "qlora" else ["nf4"]:
+            yield Case(
+                preset,
+                method,
+                dtype,
+                attention,
+                tier,
+                args.batch,
+                args.seq,
+                args.padded,
+                weights=weights,
+            )
 
 
 def main() -> None:
@@ -360,6 +433,9 @@ def main() -> None:
     parser.add_argument("--presets", nargs="+", default=list(PRESETS))
     parser.add_argument("--methods", nargs="+", default=["full", "lora", "qlora"])
     parser.add_argument("--dtypes", nargs="+", default=["bf16"])
+    parser.add_argument(
+        "--weights", nargs="+", default=["nf4"], help="QLoRA's bitsandbytes weights: nf4 | int8"
+    )
     parser.add_argument("--attention", nargs="+", default=["sdpa", "eager"])
     parser.add_argument("--tiers", nargs="+", default=["off", "selective", "medium", "full"])
     parser.add_argument("--batch", type=int, default=2)
@@ -381,6 +457,7 @@ def main() -> None:
         ratios.append((case, *ratio))
         name = (
             " ".join((case.preset, case.method, case.dtype, case.attention, case.tier))
+            + (f" {case.weights}" if case.method == "qlora" else "")
             + f" b{case.batch} s{case.seq}"
             + (" padded" if case.padded else "")
         )

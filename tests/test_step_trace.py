@@ -189,6 +189,33 @@ def test_a_recompute_waits_for_the_first_unpack() -> None:
     assert sizes[:6] == [0, 2, 4, 2, 4, 2]
 
 
+def test_an_attribute_held_input_outlives_checkpointing() -> None:
+    """bitsandbytes' int8 matmul keeps its input as ``ctx.tensors``, out of checkpoint's
+    hooks: the checkpointed forward keeps it until that op's backward, where a saved
+    input would be freed with the region's forward."""
+    from ckpt_core._memory.autograd_sim import Sim
+
+    def region(sim: Sim, x: int, holds: bool) -> int:
+        hidden = sim.op([x], 8 * MIB)
+        kept = {"holds": [hidden]} if holds else {"save": [hidden]}
+        out = sim.op([hidden], 2 * MIB, matmul=True, **kept)
+        sim.drop(hidden)
+        return out
+
+    for holds, after_forward in ((False, 0), (True, 8)):
+        sim = Sim()
+        x = sim.new(4 * MIB, grad=True)
+        out = sim.checkpoint(lambda s, t, h=holds: region(s, t, h), x)  # type: ignore[misc]
+        sim.drop(x)
+        # x (kept for the recompute) and out, and what the region's op holds
+        assert sim.allocator.allocated == (4 + 2 + after_forward) * MIB
+        loss = sim.op([out], 512)
+        sim.drop(out)
+        sim.backward(loss)
+        sim.drop(loss)
+        assert sim.allocator.allocated == 0  # everything freed, the held input too
+
+
 def test_a_promoted_products_input_gradient_is_made_in_fp32_then_cast() -> None:
     """`bf16 * fp32` (OLMo-2's RoPE against fp32 cos / sin) makes an fp32 product.  Its
     backward computes the bf16 input's gradient in fp32, and the engine casts it to

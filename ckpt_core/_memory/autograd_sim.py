@@ -49,6 +49,7 @@ class _Op:
     unpacks: bool  # its backward reads a saved tensor (tracked or not)
     cast: bool  # an alias op whose inputs differ in dtype: each gets a gradient of its own
     shared_weight: bool  # its param_grad is a second gradient of the first weight: summed
+    releases: tuple[int, ...] = ()  # what the checkpointed forward's node held: freed after it
 
 
 @dataclass(slots=True)
@@ -57,6 +58,7 @@ class _Checkpoint:
     inputs: int
     output: int
     packs: int  # tensors the region saves for backward (checkpoint's pack-hook calls)
+    held: tuple[int, ...] = ()  # what its nodes keep as attributes, out of the hooks' sight
 
 
 @dataclass(slots=True)
@@ -83,6 +85,12 @@ class Sim:
     # functions run (`_recompute`): (handle or placeholder, bytes; None for a free).
     _deferred: list[tuple[tuple[int, int], int | None]] | None = None
     _pending: list[int] = field(default_factory=list)  # tensors made while deferred
+    # Tensors a backward function keeps as an attribute (``ctx.x = x``), which checkpoint's
+    # saved-tensor hooks never see: held by a checkpointed region's first forward, by its
+    # recompute until that ends, and, in the recompute's order, the first forward's to free.
+    _held: list[int] | None = None
+    _recompute_held: list[int] = field(default_factory=list)
+    _held_queue: list[int] = field(default_factory=list)
 
     # --- tensors ---
     def new(self, size: int, grad: bool = False) -> int:
@@ -213,6 +221,7 @@ class Sim:
         temps: Sequence[int] = (),
         backward_temps: Sequence[int] = (),
         backward_scratch: Sequence[int] = (),
+        holds: Sequence[int] = (),
         alias: bool = False,
         cast: bool = False,
         param_grad: int = 0,
@@ -234,11 +243,14 @@ class Sim:
         gradient computed in the output's dtype, then cast, then freed.
         ``shared_weight``: the ``param_grad`` is of the weight whose gradient the
         backward made first (tied embeddings: the LM head's); the two are summed.
+        ``holds``: inputs its backward keeps as attributes, not through
+        ``save_for_backward``: kept in a checkpointed region too (`_hold`).
         """
         grad = param_grad > 0 or any(self.info[t][1] for t in inputs)
         recording = self.saving and grad
+        releases = self._hold(holds) if grad and holds else ()
         if recording:
-            for tid in save:
+            for tid in (*save, *holds) if not self._recomputing else save:
                 self.tensors[tid].refs += 1
         if grad and (save or saves_other):
             self._pack()
@@ -247,6 +259,8 @@ class Sim:
         self.drop(*held)
         if recording:
             saved = (*save, result) if save_out else tuple(save)
+            if not self._recomputing:
+                saved = (*saved, *holds)
             if save_out:
                 self.tensors[result].refs += 1
             self.graph.append(
@@ -263,11 +277,30 @@ class Sim:
                     bool(save or saves_other or save_out),
                     cast,
                     shared_weight,
+                    releases,
                 )
             )
         if grad and save_out:
             self._pack()
         return result
+
+    def _hold(self, tids: Sequence[int]) -> tuple[int, ...]:
+        """Attributes of a backward function in a checkpointed region: its first forward
+        keeps them until that function's backward (returned then, by the recompute's
+        same op); the recompute keeps its own until it ends."""
+        if self._recomputing:
+            for tid in tids:
+                self.tensors[tid].refs += 1
+            self._recompute_held.extend(tids)
+            count = min(len(tids), len(self._held_queue))
+            released = tuple(self._held_queue[:count])
+            del self._held_queue[:count]
+            return released
+        if not self.saving and self._held is not None:
+            for tid in tids:
+                self.tensors[tid].refs += 1
+            self._held.extend(tids)
+        return ()
 
     def _pack(self) -> None:
         """A pack event; in a recompute, the last one stops it (checkpoint's early stop)."""
@@ -281,18 +314,27 @@ class Sim:
             for tid in sorted(self._locals, reverse=True):  # innermost frame first
                 self.drop(tid)
                 self._unwound.add(tid)
+            self._release_recompute_held()
 
     def checkpoint(self, region: Callable[[Sim, int], int], x: int) -> int:
         """Run ``region`` on ``x`` without saving; keep ``x`` for the recompute."""
         saving, self.saving = self.saving, False
         packs, self._packs = self._packs, 0
+        self._held = []
         out = region(self, x)
+        held, self._held = tuple(self._held), None
         self.saving = saving
         self.requires_grad(out)
         self.tensors[x].refs += 1
-        self.graph.append(_Checkpoint(region, x, out, self._packs))
+        self.graph.append(_Checkpoint(region, x, out, self._packs, held))
         self._packs = packs
         return out
+
+    def _release_recompute_held(self) -> None:
+        """The recompute's graph is freed when it ends (or stops early): its attributes."""
+        held, self._recompute_held = self._recompute_held, []
+        for tid in held:  # a reference of its own, whatever the early stop did to the names
+            self._release(tid)
 
     # --- backward ---
     def backward(
@@ -359,12 +401,12 @@ class Sim:
                 # checkpoint's unpack hook hands the recomputed tensor over and forgets it:
                 # it dies with the backward function's locals, before the engine frees the
                 # incoming gradient (torch/autograd/engine.cpp call_function).
-                self.drop(*node.saved, *incoming)
+                self.drop(*node.saved, *incoming, *node.releases)
                 return
             self.drop(*incoming)
             if node.shared_weight and weight_grad is not None:
                 self._sum_with_first_weight_grad(weight_grad)
-        self.drop(*node.saved)
+        self.drop(*node.saved, *node.releases)
 
     def _sum_with_first_weight_grad(self, grad: int) -> None:
         """A second gradient of one weight, reaching its AccumulateGrad after the first:
@@ -380,8 +422,10 @@ class Sim:
         self.graph = []
         self.requires_grad(node.inputs)
         self._recomputing, self._stopped, self._packs = True, False, node.packs
+        self._held_queue = list(node.held)
         self._deferred = []
         out = node.region(self, node.inputs)
+        self._release_recompute_held()
         events, self._deferred = self._deferred, None
         self._recomputing = self._stopped = False
         self._locals.clear()
@@ -400,4 +444,5 @@ class Sim:
             item = inner.pop()
             if isinstance(item, _Op):
                 self._backward_op(item, grads)
-        self.drop(node.inputs)
+        self.drop(node.inputs, *self._held_queue)  # nodes the recompute never reached
+        self._held_queue = []

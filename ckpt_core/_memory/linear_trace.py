@@ -111,8 +111,9 @@ def _int8_matmul(sim: Sim, x: int, shape: tuple[int, int], recipe: TraceRecipe) 
     int8 rows; ``A.abs() >= threshold`` marks the outlier columns); the int32
     product is dequantized to fp16, cast to the input's dtype, and the outlier
     columns' product is added by ``addmm`` into a new output (real activations have
-    outliers; their few columns are left out).  The input is kept for backward,
-    which dequantizes the weight into the input's dtype for the input's gradient.
+    outliers; their few columns are left out).  The input is kept for backward as
+    ``ctx.tensors``, an attribute checkpointing does not see, so a checkpointed block
+    keeps it too; the backward dequantizes the weight into the input's dtype.
     """
     fan_in, fan_out = shape
     tokens, act = recipe.batch * recipe.seq, recipe.act
@@ -132,7 +133,7 @@ def _int8_matmul(sim: Sim, x: int, shape: tuple[int, int], recipe: TraceRecipe) 
         sim.drop(output)
         output = cast
     out = sim.op(
-        [x], act * tokens * fan_out, save=[x], backward_temps=[act * fan_in * fan_out], matmul=True
+        [x], act * tokens * fan_out, holds=[x], backward_temps=[act * fan_in * fan_out], matmul=True
     )
     sim.drop(output, quantized, scales)
     return out
