@@ -16,13 +16,17 @@ Where meta does not run what CUDA runs: sdpa and dropout take this project's
 stand-ins (a fused kernel's saved tensors; CUDA's bool dropout mask, not the
 CPU's in the activation dtype); bitsandbytes' CUDA ``gemm_4bit`` dequantizes
 each weight into a buffer of its own past 1536 rows, which the recording
-adds; and CUDA's softmax reads fp16 scores in its kernel where meta makes the
-fp32 copy, so fp16 eager is left out.  QLoRA cases need
-``bitsandbytes`` installed (it is not a dependency of this project); without
-it they are skipped.
+adds; bitsandbytes' int8 layer (``--weights int8``) runs at outlier threshold 0,
+since meta cannot make the data-dependent outlier columns, and the recording
+adds the CUDA buffers transformers' threshold 6.0 makes (the outlier mask, the
+int32 product and its fp16 dequantization); and CUDA's softmax reads fp16
+scores in its kernel where meta makes the fp32 copy, so fp16 eager is left
+out.  QLoRA cases need ``bitsandbytes`` installed (it is not a dependency of
+this project); without it they are skipped.
 
 Run: ``.venv/bin/python -m bench.op_order [--presets P ...] [--methods ...]
-[--attention ...] [--dtypes ...] [--tiers ...] [--batch 2] [--seq 1024] [--padded]``.
+[--weights nf4 int8] [--attention ...] [--dtypes ...] [--tiers ...] [--batch 2]
+[--seq 1024] [--padded]``.
 """
 
 from __future__ import annotations
