@@ -44,6 +44,13 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from bench._meta_kernels import (
+    Event,
+    int8_layer,
+    kernel_buffers_after,
+    kernel_buffers_before,
+    nf4_layer,
+)
 from ckpt_core._memory.allocator import MIB, CachingAllocator
 
 TARGETS: Final = ["q_proj", "k_proj", "v_proj", "o_proj"]
@@ -51,8 +58,6 @@ FUSED_TARGETS: Final = ["qkv_proj", "o_proj"]  # Phi-3
 T5_TARGETS: Final = ["q", "k", "v", "o"]  # self- and cross-attention
 PRESETS: Final = ("llama-3.2-1b", "qwen2.5-0.5b", "gemma-3-1b", "phi-3-mini", "qwen3-8b")
 GPU: Final = "A100-80GB"  # the workspace size; the context is taken off the estimate
-# (malloc | free | mark, storage key, bytes, the op that made it)
-Event = tuple[str, Any, int, str]
 
 
 @dataclass(frozen=True)
@@ -101,11 +106,7 @@ class _Log(TorchDispatchMode):
         self.poll()
         out = func(*args, **(kwargs or {}))
         events, known = self.events, self.known
-        dequantized = _dequantized(func, args)
-        buffer = ("dequantized", len(events))
-        if dequantized:  # made before the output, freed on return
-            events.append(("malloc", buffer, dequantized, ""))
-        product = _int8_product(func, args, kwargs or {}, events)
+        made = kernel_buffers_before(func, args, kwargs or {}, events)
         for tensor in tree_flatten(out)[0]:
             if getattr(tensor, "is_meta", False):
                 storage = tensor.untyped_storage()
@@ -116,95 +117,9 @@ class _Log(TorchDispatchMode):
                     continue
                 self.live[key] = StorageWeakRef(storage)
                 events.append(("malloc", key, storage.nbytes(), str(func)))
-        if dequantized:
-            events.append(("free", buffer, 0, ""))
-        if product is not None:
-            events.append(("free", product, 0, ""))
-        if str(func) == "bitsandbytes.int8_vectorwise_quant.default":
-            # CUDA's kernel at transformers' threshold 6.0: `A.abs() >= threshold`.
-            rows = args[0].numel()
-            magnitude, outliers = ("abs", len(events)), ("outliers", len(events))
-            events.append(("malloc", magnitude, 2 * rows, ""))
-            events.append(("malloc", outliers, rows, ""))
-            events.append(("free", magnitude, 0, ""))
-            events.append(("free", outliers, 0, ""))
-        if self.eager and str(func) == "aten._softmax_backward_data.default":
-            # CUDA's softmax backward: an fp32 `grad * output` temporary.
-            temporary = ("softmax", len(events))
-            events.append(("malloc", temporary, args[0].nbytes, ""))
-            events.append(("free", temporary, 0, ""))
+        events.extend(("free", key, 0, "") for key in made)
+        kernel_buffers_after(func, args, events, eager=self.eager)
         return out
-
-
-def _dequantized(func: Any, args: Any) -> int:
-    """Bytes of the weight bitsandbytes' CUDA ``gemm_4bit`` dequantizes before its matmul
-    (past 1536 rows it takes ``_dequant_linear_fallback``); 0 for any other op."""
-    if str(func) != "bitsandbytes.gemm_4bit.default":
-        return 0
-    inputs, shape = args[0], args[2]
-    rows = inputs.numel() // inputs.shape[-1]
-    return shape[0] * shape[1] * inputs.element_size() if rows > 1536 else 0
-
-
-def _int8_product(func: Any, args: Any, kwargs: Any, events: list[Event]) -> Any:
-    """bitsandbytes' CUDA ``int8_scaled_mm`` at transformers' outlier threshold: the int32
-    product, its fp16 dequantization (cast to the input's dtype) and the output ``addmm``
-    remakes with the outlier columns.  Logs the buffers made before the op's output and
-    returns the key of the one freed after it (None for any other op)."""
-    if str(func) != "bitsandbytes.int8_scaled_mm.default":
-        return None
-    rows = args[0].numel() // args[0].shape[-1]
-    size = rows * args[1].shape[0]
-    dtype = kwargs.get("dtype") or (args[5] if len(args) > 5 else None) or torch.float16
-    product, half, cast = (("int8", name, len(events)) for name in ("i32", "fp16", "cast"))
-    events.append(("malloc", product, 4 * size, ""))
-    events.append(("malloc", half, 2 * size, ""))
-    events.append(("free", product, 0, ""))
-    if dtype == torch.float16:
-        return half
-    events.append(("malloc", cast, dtype.itemsize * size, ""))
-    events.append(("free", half, 0, ""))
-    return cast
-
-
-def _int8(fan_in: int, fan_out: int) -> Any:
-    """bitsandbytes' Linear8bitLt with int8 rows and fp32 row scales built on meta; its
-    outlier threshold is 0 here (meta cannot make the data-dependent outlier columns),
-    and `_Log` adds the buffers transformers' threshold 6.0 makes."""
-    import bitsandbytes as bnb
-
-    layer = bnb.nn.Linear8bitLt(
-        fan_in, fan_out, bias=False, has_fp16_weights=False, threshold=0.0, device="meta"
-    )
-    rows = torch.empty(fan_out, fan_in, dtype=torch.int8, device="meta")
-    layer.weight = bnb.nn.Int8Params(rows, requires_grad=False, has_fp16_weights=False)
-    layer.weight.CB = rows
-    layer.weight.SCB = torch.empty(fan_out, dtype=torch.float32, device="meta")
-    return layer
-
-
-def _quantized(fan_in: int, fan_out: int, dtype: Any) -> Any:
-    """bitsandbytes' Linear4bit with an nf4 weight (block size 64) built on meta."""
-    import bitsandbytes as bnb
-    from bitsandbytes.functional import QuantState
-
-    layer = bnb.nn.Linear4bit(
-        fan_in, fan_out, bias=False, compute_dtype=dtype, quant_type="nf4", device="meta"
-    )
-    n = fan_in * fan_out
-    state = QuantState(
-        absmax=torch.empty(n // 64, dtype=torch.float32, device="meta"),
-        shape=torch.Size([fan_out, fan_in]),
-        code=torch.empty(16, dtype=torch.float32, device="meta"),
-        blocksize=64,
-        quant_type="nf4",
-        dtype=dtype,
-    )
-    packed = torch.empty(n // 2, 1, dtype=torch.uint8, device="meta")
-    layer.weight = bnb.nn.Params4bit(
-        data=packed, requires_grad=False, quant_state=state, bnb_quantized=True, module=layer
-    )
-    return layer
 
 
 def _model(case: Case) -> Any:
@@ -223,7 +138,9 @@ def _model(case: Case) -> Any:
                     if isinstance(child, torch.nn.Linear):
                         shape = child.in_features, child.out_features
                         quantized = (
-                            _int8(*shape) if case.weights == "int8" else _quantized(*shape, dtype)
+                            int8_layer(*shape)
+                            if case.weights == "int8"
+                            else (nf4_layer(*shape, dtype))
                         )
                         setattr(parent, name, quantized)
         if case.weights == "int8":  # PEFT's dispatch picks its 8-bit LoRA layer by this
