@@ -216,6 +216,34 @@ def test_an_attribute_held_input_outlives_checkpointing() -> None:
         assert sim.allocator.allocated == 0  # everything freed, the held input too
 
 
+@pytest.mark.parametrize("kbit_preparation", ["peft", "none"])
+def test_the_closed_form_keeps_what_int8_linears_hold_as_the_replay_does(
+    kbit_preparation: str,
+) -> None:
+    """bitsandbytes' int8 linears keep their inputs in every mode: the closed form's
+    allocated peak (`tier_memory(replay=False)`) is the replay's on every tier, and its
+    activations keep them through checkpointing."""
+    from ckpt_core._memory.activations import activation_bytes
+    from ckpt_core._memory.estimate import tier_memory
+
+    workload = {"seq_len": 1024, "micro_batch_size": 2, "method": "qlora", "weights": "int8"}
+    runs = {
+        weights: prepare(
+            model_facts({"preset": "qwen2.5-0.5b"}),
+            parse_workload({**workload, "weights": weights, "kbit_preparation": kbit_preparation}),
+        )
+        for weights in ("nf4", "int8")
+    }
+    run = runs["int8"]
+    for tier in ("off", "selective", "medium", "full"):
+        args = (run.facts.arch, run.step, tier, run.static, run.recipe)
+        closed, replayed = tier_memory(*args, replay=False), tier_memory(*args)
+        assert closed.allocated_bytes == pytest.approx(replayed.allocated_bytes, rel=0.01)
+    nf4 = runs["nf4"]
+    kept = {weights: activation_bytes(r.facts.arch, r.step, "full") for weights, r in runs.items()}
+    assert kept["int8"] > kept["nf4"] + activation_bytes(nf4.facts.arch, nf4.step, "full") // 2
+
+
 def test_a_promoted_products_input_gradient_is_made_in_fp32_then_cast() -> None:
     """`bf16 * fp32` (OLMo-2's RoPE against fp32 cos / sin) makes an fp32 product.  Its
     backward computes the bf16 input's gradient in fp32, and the engine casts it to

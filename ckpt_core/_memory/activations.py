@@ -18,6 +18,7 @@ Pure arithmetic.
 from __future__ import annotations
 
 import functools
+import re
 
 from ckpt_core._memory.arch import Arch, BlockKind
 from ckpt_core._memory.families import family_of
@@ -91,9 +92,23 @@ def _scopes(arch: Arch, step: Step) -> tuple[int, tuple[tuple[str, int], ...]]:
 def block_bytes(
     arch: Arch, step: Step, mode: BlockMode, kind: BlockKind
 ) -> tuple[int, tuple[tuple[str, int], ...]]:
-    """One block's own bytes and the shared storages it keeps (cached: pure function)."""
-    ledger = family_of(arch).block_ledger(arch, step, mode, kind)
+    """One block's own bytes and the shared storages it keeps (cached: pure function).
+
+    A checkpointed block or attention also keeps the inputs its linears hold as
+    attributes (`Step.held_inputs`), as their unchecked forward does.
+    """
+    block_ledger = family_of(arch).block_ledger
+    ledger = block_ledger(arch, step, mode, kind)
+    if step.held_inputs and mode != "off":
+        for name, (storage, nbytes) in block_ledger(arch, step, "off", kind).held.items():
+            if mode == "full" or _ATTENTION.match(name):
+                ledger.keep(storage, nbytes)
     return ledger.local_bytes(), tuple(ledger.globals().items())
+
+
+# A linear of the attention a selective block checkpoints (its module's name says so, as
+# `ckpt_core._hooks.blocks` finds that module).
+_ATTENTION = re.compile(r"[^.]*(attention|attn)", re.IGNORECASE)
 
 
 def head_bytes(arch: Arch, step: Step) -> int:

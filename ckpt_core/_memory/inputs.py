@@ -140,6 +140,7 @@ def prepare(facts: Facts, workload: Workload, gpu: str | None = None) -> Run:
         hidden_bytes=4 if workload.compute == "autocast" else 0,
         padded=workload.padded,
         fp32_linears=fp32_linears,
+        held_inputs=workload.weight_storage == "int8",
     )
     # Per GPU of the data-parallel group (the unsharded totals ride along): issue 17.
     replica = static_memory(

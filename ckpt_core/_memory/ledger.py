@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Final, Literal
 
 # How one block is checkpointed, named after the tier that does it to every block:
 # off - it runs normally and keeps what its ops keep; selective - its attention
@@ -43,7 +43,9 @@ class Step:
     attention mask with padding (`ckpt_core._memory.attention.mask_kind`).
     ``fp32_linears``: the linears loaded in fp32 among half-precision ones
     (`Family.keep_in_fp32` under fp16): their input is cast to fp32, and so is
-    their output.
+    their output.  ``held_inputs``: the linears are bitsandbytes' int8 ones, which
+    keep their input as an attribute of the backward function (``ctx.tensors``),
+    in every mode: checkpoint's hooks never see it.
     """
 
     batch: int
@@ -56,6 +58,7 @@ class Step:
     hidden_bytes: int = 0
     padded: bool = False  # an attention mask with padding: sdpa gets a mask per sample
     fp32_linears: frozenset[str] = frozenset()
+    held_inputs: bool = False
 
     @property
     def residual_bytes(self) -> int:
@@ -67,12 +70,17 @@ class Step:
 
 
 class Ledger:
-    """Storages one scope keeps: name -> bytes (a storage is as large as its largest view)."""
+    """Storages one scope keeps: name -> bytes (a storage is as large as its largest view).
 
-    __slots__ = ("sizes",)
+    ``held``: the storages linears keep as attributes (`Step.held_inputs`), by the
+    name of the linear that keeps each: kept by a checkpointed block too.
+    """
+
+    __slots__ = ("held", "sizes")
 
     def __init__(self) -> None:
         self.sizes: dict[str, int] = {}
+        self.held: dict[str, tuple[str, int]] = {}
 
     def keep(self, name: str, nbytes: int) -> None:
         if nbytes > self.sizes.get(name, 0):
@@ -136,6 +144,9 @@ def norm(
     return f"{tag}.out"
 
 
+OUTPUT_EMBEDDINGS: Final = frozenset({"lm_head", "cls.predictions.decoder"})
+
+
 def linear(
     led: Ledger, step: Step, x: str, fan_in: int, name: str, *, rows: int = 0, in_bytes: int = 0
 ) -> None:
@@ -145,7 +156,11 @@ def linear(
     rows = rows or step.tokens
     in_bytes = in_bytes or step.dtype_bytes
     adapted = step.adapted(name)
-    if step.trainable_weights:
+    # bitsandbytes leaves the output embeddings unquantized (get_keys_to_not_convert).
+    held = step.held_inputs and name not in OUTPUT_EMBEDDINGS
+    if held:
+        led.held[name] = (x, in_bytes * rows * fan_in)
+    if step.trainable_weights or held:
         led.keep(x, in_bytes * rows * fan_in)
     if adapted:  # PEFT casts the input to the fp32 adapter (a copy unless already fp32)
         led.keep(x if in_bytes == 4 else f"{name}.lora_in", 4 * rows * fan_in)
