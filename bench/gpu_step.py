@@ -6,8 +6,10 @@ Run: ``.venv/bin/python -m bench.gpu_step --model llama-3.2-1b --tier full --seq
 Builds the model from its config with random weights (no download: the
 weights are saved to a temporary folder and loaded back with
 ``from_pretrained``, so quantization goes through transformers' and
-bitsandbytes' own loading path), applies the recipe the estimate describes
-(QLoRA: ``BitsAndBytesConfig`` nf4, PEFT's ``prepare_model_for_kbit_training``;
+bitsandbytes' own loading path; ``--load-path to_device`` loads on the CPU and
+moves the model with ``.to()`` instead of a device map), applies the recipe the
+estimate describes (QLoRA: ``BitsAndBytesConfig`` nf4, or 8-bit with
+``--quantization int8``, PEFT's ``prepare_model_for_kbit_training``;
 LoRA through ``get_peft_model``, adapters fp32, ``lora_alpha = 2r``, dropout
 0), the tier with this project's hooks (``--hooks project``) or HF's native
 checkpointing (``--hooks hf``, full only), then runs ``--warmup`` steps and one
@@ -44,6 +46,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--dtype", choices=("fp16", "bf16", "fp32"), default="bf16")
     parser.add_argument("--method", choices=("lora", "qlora"), default="lora")
+    parser.add_argument(
+        "--quantization",
+        choices=("nf4", "int8"),
+        default="nf4",
+        help="qlora's bitsandbytes weights: 4-bit nf4, or 8-bit (LLM.int8)",
+    )
     parser.add_argument("--double-quant", action="store_true")
     parser.add_argument("--lora-rank", type=int, default=32)
     parser.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj")
@@ -63,6 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--weights", type=Path, help="folder for the random weights, reused when present"
     )
     args = parser.parse_args(argv)
+    if args.method != "qlora" and args.quantization != "nf4":
+        parser.error("--quantization applies to --method qlora")
     if args.method == "qlora" and args.load_path == "to_device":
         parser.error("--method qlora is quantized while it loads: only --load-path device_map")
     if args.hooks == "hf" and args.tier != "full":
@@ -87,6 +97,7 @@ def workload_of(args: argparse.Namespace) -> dict[str, Any]:
         "micro_batch_size": args.batch,
         "dtype": args.dtype,
         "method": args.method,
+        **({"weights": args.quantization} if args.method == "qlora" else {}),
         "lora_rank": args.lora_rank,
         "lora_targets": args.lora_targets.split(","),
         "attention": args.attention,
@@ -126,7 +137,9 @@ def build_row(
     row: dict[str, Any] = {
         "model_id": args.model,
         "gpu": gpu,
-        "config": f"{args.method} r={args.lora_rank} bs={args.batch} seq={args.seq_len} "
+        "config": f"{args.method}"
+        + (f" {args.quantization}" if args.method == "qlora" else "")
+        + f" r={args.lora_rank} bs={args.batch} seq={args.seq_len} "
         f"{args.dtype} {args.attention} tier={args.tier} hooks={args.hooks}"
         + (" padded" if args.padded else ""),
         "run": {
@@ -135,7 +148,7 @@ def build_row(
             "seq_len": args.seq_len,
             "batch_size": args.batch,
             "precision": args.dtype,
-            "quantization": "nf4" if args.method == "qlora" else "none",
+            "quantization": args.quantization if args.method == "qlora" else "none",
             "double_quant": args.double_quant,
             "padded": args.padded,
             "load_path": args.load_path,
@@ -217,7 +230,9 @@ def prepared_model(
 
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": args.attention}
-    if args.method == "qlora":
+    if args.method == "qlora" and args.quantization == "int8":
+        kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
+    elif args.method == "qlora":
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True,
             bnb_4bit_quant_type="nf4",

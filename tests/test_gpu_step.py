@@ -43,6 +43,8 @@ def test_defaults_and_choices() -> None:
         ["--attention", "flash"],
         ["--method", "qlora", "--load-path", "to_device"],  # bitsandbytes quantizes on load
         ["--load-path", "cpu"],
+        ["--quantization", "int8"],  # only with --method qlora
+        ["--method", "qlora", "--quantization", "fp4"],
     ],
 )
 def test_bad_arguments_are_refused(extra: list[str]) -> None:
@@ -60,13 +62,19 @@ def test_without_cuda_it_says_so_and_fails(tmp_path: Path, capsys: pytest.Captur
 
 
 @pytest.mark.parametrize(
-    ("method", "tier", "attention"), [("qlora", "full", "eager"), ("lora", "medium", "sdpa")]
+    ("method", "tier", "attention", "quantization"),
+    [
+        ("qlora", "full", "eager", "nf4"),
+        ("qlora", "medium", "sdpa", "int8"),
+        ("lora", "medium", "sdpa", "nf4"),
+    ],
 )
 def test_the_row_round_trips_through_gpu_truth(
-    tmp_path: Path, method: str, tier: str, attention: str
+    tmp_path: Path, method: str, tier: str, attention: str, quantization: str
 ) -> None:
     """The row has the shared schema; gpu_truth's loader maps it back to the same workload."""
     extra = ["--method", method, "--tier", tier, "--attention", attention, "--dtype", "fp16"]
+    extra += ["--quantization", quantization] if method == "qlora" else []
     args = gpu_step.parse_args(ARGS + extra)
     config = dict(load_model_config({"preset": "llama-3.2-1b"}).config)
     row = gpu_step.build_row(args, config, MEASURED, "NVIDIA H200", {"torch": "x"})
@@ -77,6 +85,7 @@ def test_the_row_round_trips_through_gpu_truth(
     assert json.loads(json.dumps(row))["measured"] == loaded["measured"]
     workload = workload_of(loaded)
     assert workload["method"] == method and workload["attention"] == attention
+    assert workload.get("weights") == (quantization if method == "qlora" else None)
     assert workload["seq_len"] == 1024 and workload["micro_batch_size"] == 2
     assert workload["load_path"] == "device_map"  # from_pretrained(device_map=...), the default
     estimate = estimate_row(loaded)
