@@ -5,7 +5,8 @@ For each preset x sequence length x tier (off, selective, medium, full) it
 runs ``bench.gpu_step`` in a fresh process (a clean CUDA context and
 caching allocator per row, as the shared rows were measured), LoRA r32 on q /
 k / v / o, bf16, sdpa (``--attention eager``, ``--tiers`` for others;
-``--padded``: an attention mask that pads each row's last token),
+``--padded``: an attention mask that pads each row's last token; ``--method qlora
+--quantization nf4|int8`` and ``--load-path to_device`` for other recipes),
 appending the rows to ``--out`` (default ``bench/data/sweep.json``), which
 ``bench/gpu_truth.py`` then scores.  Each model's random weights are built
 once and reused by its later steps.
@@ -39,7 +40,10 @@ def commands(
     tiers: tuple[str, ...] = TIERS,
     attention: str = "sdpa",
     padded: bool = False,
+    recipe: tuple[str, ...] = (),
 ) -> list[list[str]]:
+    """One ``bench.gpu_step`` command per preset x length x tier; ``recipe``: more of its
+    arguments (``--method qlora --quantization int8``, ``--load-path to_device``)."""
     return [
         [
             sys.executable,
@@ -59,6 +63,7 @@ def commands(
             str(out),
             "--weights",
             str(weights / preset),
+            *recipe,
             *(["--padded"] if padded else []),
         ]
         for preset in presets
@@ -75,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiers", default=",".join(TIERS))
     parser.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa")
     parser.add_argument("--padded", action="store_true", help="padded batches (gpu_step's)")
+    parser.add_argument("--method", choices=("lora", "qlora"), default="lora")
+    parser.add_argument("--quantization", choices=("nf4", "int8"), default="nf4")
+    parser.add_argument("--load-path", choices=("device_map", "to_device"), default="device_map")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per step")
     parser.add_argument("--dry", action="store_true", help="print the commands only")
     args = parser.parse_args(argv)
@@ -89,9 +97,20 @@ def main(argv: list[str] | None = None) -> int:
             tiers=tiers,
             attention=args.attention,
             padded=args.padded,
+            recipe=_recipe(args),
         )
         failed = sum(_run(step, args.timeout, args.dry) for step in steps)
     return min(failed, 125)
+
+
+def _recipe(args: argparse.Namespace) -> tuple[str, ...]:
+    """The gpu_step arguments for a recipe other than the default (LoRA, a device map)."""
+    recipe: list[str] = []
+    if args.method == "qlora":
+        recipe += ["--method", "qlora", "--quantization", args.quantization]
+    if args.load_path != "device_map":
+        recipe += ["--load-path", args.load_path]
+    return tuple(recipe)
 
 
 def _run(command: list[str], timeout: float, dry: bool) -> bool:

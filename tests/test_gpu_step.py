@@ -139,6 +139,13 @@ def test_the_sweep_covers_every_tier_of_three_families_at_two_lengths(
     padded = capsys.readouterr().out.splitlines()
     assert len(padded) == 3 * 2 and all(line.endswith(" --padded") for line in padded)
     assert gpu_step.parse_args(padded[0].split()[1:]).padded
+    recipe = ["--method", "qlora", "--quantization", "int8", "--tiers", "full"]
+    assert gpu_sweep.main(["--dry", *recipe]) == 0
+    args = gpu_step.parse_args(capsys.readouterr().out.splitlines()[0].split()[1:])
+    assert (args.method, args.quantization, args.load_path) == ("qlora", "int8", "device_map")
+    assert gpu_sweep.main(["--dry", "--load-path", "to_device", "--tiers", "off"]) == 0
+    moved = capsys.readouterr().out.splitlines()
+    assert gpu_step.parse_args(moved[0].split()[1:]).load_path == "to_device"
 
 
 TINY = {
