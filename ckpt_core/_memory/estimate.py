@@ -68,8 +68,13 @@ ASSUMPTIONS: Final[dict[str, str]] = {
     "quantization": "bitsandbytes: block linears quantized but the model's keep-in-fp32 "
     "modules (T5's wo); nf4 = 0.5 B/weight + fp32 absmax "
     "per 64 (double_quant: 8-bit absmax + fp32 per 256 blocks); int8 = 1 B/weight + fp32 row "
-    "scales; other parameters fp32 after PEFT's kbit preparation (kbit_preparation 'peft'), "
+    "scales, and each int8 linear keeps its input as an attribute, through checkpointing too; "
+    "other parameters fp32 after PEFT's kbit preparation (kbit_preparation 'peft'), "
     "else in the compute dtype",
+    "load_path": "device_map: from_pretrained with a device map first reserves the model's "
+    "size in one block and loads into it; to_device: moved with .to(), a block per "
+    "parameter; null: device_map for quantized weights (replayed tensor by tensor), "
+    "to_device otherwise",
     "full_fine_tune": "gradients and optimizer states in the parameters' dtype (torch AdamW "
     "zeros_like); fp32 master weights with compute 'autocast'; loaded in fp16, the model's "
     "keep-in-fp32 modules (T5's wo) are fp32, and so is what they compute",
