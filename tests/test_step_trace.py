@@ -434,3 +434,29 @@ def test_the_replay_loads_the_vision_tower_and_trains_none_of_it(
     trainable = _load(sim, run.facts.arch, run.recipe.trace)
     assert sum(sim.size(tid) for tid in sim.tensors) == pytest.approx(held, rel=1e-4)
     assert sum(trainable) == pytest.approx(held - idle, rel=1e-4)
+
+
+def test_a_device_map_load_puts_the_whole_model_in_its_warm_up_block() -> None:
+    """``from_pretrained`` with a device map reserves the model's size (vision tower
+    included) in one block and loads every large tensor into it: gemma-3-4b's load
+    reserves that one segment, where moved with ``.to()`` each tensor takes its own."""
+    from ckpt_core._memory.autograd_sim import Sim
+    from ckpt_core._memory.step_trace import _load
+
+    segments: dict[str, list[int]] = {}
+    for path in ("device_map", "to_device"):
+        workload = {**LORA, "seq_len": 512, "load_path": path}
+        run = prepare(model_facts({"preset": "gemma-3-4b"}), parse_workload(workload))
+        assert run.recipe.trace is not None
+        sim = Sim()
+        _load(sim, run.facts.arch, run.recipe.trace)
+        segments[path] = [
+            sum(size for size, _ in blocks.values())
+            for blocks, pool in zip(sim.allocator._segments, sim.allocator._pools, strict=True)
+            if pool == 1
+        ]
+    assert len(segments["device_map"]) == 1
+    assert len(segments["to_device"]) > 100
+    # the weights but the adapters (fp32) and the small tensors (norms, biases)
+    weights = run.static.weights - 4 * run.static.trainable_parameters
+    assert segments["device_map"][0] == pytest.approx(weights, rel=0.01)

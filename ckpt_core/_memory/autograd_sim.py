@@ -249,8 +249,11 @@ class Sim:
         grad = param_grad > 0 or any(self.info[t][1] for t in inputs)
         recording = self.saving and grad
         releases = self._hold(holds) if grad and holds else ()
+        kept: tuple[int, ...] = ()
         if recording:
-            for tid in (*save, *holds) if not self._recomputing else save:
+            # Recorded outside a recompute, an attribute is kept as a saved tensor is.
+            kept = tuple(save) if self._recomputing else (*save, *holds)
+            for tid in kept:
                 self.tensors[tid].refs += 1
         if grad and (save or saves_other):
             self._pack()
@@ -258,9 +261,7 @@ class Sim:
         result = self.new(out, grad)
         self.drop(*held)
         if recording:
-            saved = (*save, result) if save_out else tuple(save)
-            if not self._recomputing:
-                saved = (*saved, *holds)
+            saved = (*kept, result) if save_out else kept
             if save_out:
                 self.tensors[result].refs += 1
             self.graph.append(

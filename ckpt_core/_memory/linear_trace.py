@@ -118,7 +118,8 @@ def _int8_matmul(sim: Sim, x: int, shape: tuple[int, int], recipe: TraceRecipe) 
     fan_in, fan_out = shape
     tokens, act = recipe.batch * recipe.seq, recipe.act
     rows = tokens * fan_in
-    half = None if act == 2 and recipe.fp16 else sim.new(2 * rows)
+    fp16_input = act == 2 and recipe.fp16  # no cast to fp16, in or out
+    half = None if fp16_input else sim.new(2 * rows)
     scales, quantized = sim.new(4 * tokens), sim.new(rows)
     magnitude = sim.new(2 * rows)
     outliers = sim.new(rows)
@@ -128,7 +129,7 @@ def _int8_matmul(sim: Sim, x: int, shape: tuple[int, int], recipe: TraceRecipe) 
     product = sim.new(4 * tokens * fan_out)
     output = sim.new(2 * tokens * fan_out)
     sim.drop(product)
-    if not (act == 2 and recipe.fp16):
+    if not fp16_input:
         cast = sim.new(act * tokens * fan_out)
         sim.drop(output)
         output = cast

@@ -90,11 +90,12 @@ def _load(sim: Sim, arch: Arch, recipe: TraceRecipe) -> list[int]:
     in ``model.parameters()`` order (the optimizer makes its states in that order):
     the token embeddings, the blocks, an untied LM head last."""
     embedding = recipe.weights * arch.vocab * arch.hidden
-    # A tower text-only training never runs comes first in module order; never trained.
-    idle = [sim.new(recipe.weights * n) for n in family_of(arch).idle_tensors(arch)]
+    # A tower text-only training never runs: loaded, never trained.
+    idle_sizes = [recipe.weights * n for n in family_of(arch).idle_tensors(arch)]
     if recipe.device_map:  # unquantized: nothing is re-allocated after the load
-        _load_from_checkpoint(sim, arch, recipe)
+        _load_from_checkpoint(sim, arch, recipe, idle_sizes)
     else:
+        idle = [sim.new(size) for size in idle_sizes]  # first in module order
         embeddings, norms = _load_and_move(sim, arch, recipe)
         if recipe.quantized and recipe.kept != recipe.weights:  # PEFT's kbit preparation
             for tensor in idle + embeddings + norms:
@@ -146,17 +147,18 @@ def _load_and_move(sim: Sim, arch: Arch, recipe: TraceRecipe) -> tuple[list[int]
     return embeddings, norms
 
 
-def _load_from_checkpoint(sim: Sim, arch: Arch, recipe: TraceRecipe) -> None:
+def _load_from_checkpoint(sim: Sim, arch: Arch, recipe: TraceRecipe, idle_sizes: list[int]) -> None:
     """``from_pretrained`` with a device map, unquantized.  transformers'
     ``caching_allocator_warmup`` first allocates and frees one block of the model's
     size (a tied head counted once), then the checkpoint's tensors load into it in
     sorted key order (``dot_natural_key``: ``lm_head`` before ``model.*``; in a layer
-    ``mlp.*`` before ``self_attn.*``).  The norms, under 1 MiB, come from the small
-    pool, so their place in that order changes nothing."""
+    ``mlp.*`` before ``self_attn.*``; an idle tower's ``model.vision_tower.*`` after
+    ``model.language_model.*``).  The norms, under 1 MiB, come from the small pool,
+    so their place in that order changes nothing."""
     embedding = recipe.weights * arch.vocab * arch.hidden
     linears = [recipe.weights * fan_in * fan_out for _, fan_in, fan_out in sorted(_linears(arch))]
     norms = [recipe.weights * arch.hidden] * (2 * arch.layers + 1)
-    large = [embedding for _ in _heads(arch)] + linears * arch.layers
+    large = [embedding for _ in _heads(arch)] + linears * arch.layers + idle_sizes
     total = sum(large) + sum(norms)
     sim.drop(sim.new(total // 2 * 2))  # torch.empty(byte_count // 2, dtype=torch.float16)
     for size in large + norms:
