@@ -17,8 +17,9 @@ measured step: ``zero_grad(set_to_none=True)``, ``out = model(input_ids=x,
 labels=x, use_cache=False)`` (a multimodal model's text config keeps its own
 ``use_cache``; ``--padded`` adds an ``attention_mask`` that pads each row's last
 token), ``out.loss.backward()``, ``optimizer.step()`` (torch AdamW on the
-trainable parameters).  It appends one row (measured fields plus the
-estimate's prediction) to ``--out``, which ``bench/gpu_truth.py`` scores.
+trainable parameters: its foreach step, or ``--optimizer adamw_fused``).  It
+appends one row (measured fields plus the estimate's prediction) to ``--out``,
+which ``bench/gpu_truth.py`` scores.
 Without CUDA it exits with status 3 and says so.
 """
 
@@ -56,6 +57,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lora-rank", type=int, default=32)
     parser.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj")
     parser.add_argument("--attention", choices=("eager", "sdpa"), default="sdpa")
+    parser.add_argument(
+        "--optimizer",
+        choices=("adamw", "adamw_fused"),
+        default="adamw",
+        help="torch.optim.AdamW's foreach step, or fused=True",
+    )
     parser.add_argument(
         "--load-path",
         choices=("device_map", "to_device"),
@@ -101,6 +108,7 @@ def workload_of(args: argparse.Namespace) -> dict[str, Any]:
         "lora_rank": args.lora_rank,
         "lora_targets": args.lora_targets.split(","),
         "attention": args.attention,
+        "optimizer": args.optimizer,
         "double_quant": args.double_quant,
         "padded": args.padded,
         "load_path": args.load_path,
@@ -152,7 +160,7 @@ def build_row(
             "double_quant": args.double_quant,
             "padded": args.padded,
             "load_path": args.load_path,
-            "optimizer": "adamw",
+            "optimizer": args.optimizer,
             "method": args.method,
             "lora_rank": args.lora_rank,
             "lora_targets": args.lora_targets.split(","),
@@ -291,7 +299,7 @@ def _measure_step(
     model = prepared_model(args, config, weights, "cuda")
     resident = torch.cuda.memory_allocated()  # weights + adapters, as the shared rows
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable)
+    optimizer = torch.optim.AdamW(trainable, fused=args.optimizer == "adamw_fused")
     ids = torch.randint(0, config["vocab_size"], (args.batch, args.seq_len), device="cuda")
     mask = padding_mask(ids) if args.padded else None
     for _ in range(args.warmup):

@@ -45,6 +45,7 @@ def test_defaults_and_choices() -> None:
         ["--load-path", "cpu"],
         ["--quantization", "int8"],  # only with --method qlora
         ["--method", "qlora", "--quantization", "fp4"],
+        ["--optimizer", "sgd"],  # the harness steps torch's AdamW only
     ],
 )
 def test_bad_arguments_are_refused(extra: list[str]) -> None:
@@ -120,6 +121,27 @@ def test_a_row_loaded_and_moved_is_estimated_as_such() -> None:
     moved, mapped = rows["to_device"]["predicted"], rows["device_map"]["predicted"]
     assert moved["allocated_mib"] == pytest.approx(mapped["allocated_mib"], rel=1e-3)
     assert moved["process_mib"] != mapped["process_mib"]  # the same tensors in another pool
+
+
+def test_a_fused_adamw_row_is_estimated_as_such() -> None:
+    """--optimizer adamw_fused: the row says so, and its prediction is the fused step's
+    (off peaks in the backward, where the fused step's only trace is its step counts: a
+    512 B block per adapter tensor on the GPU)."""
+    config = dict(load_model_config({"preset": "qwen2.5-1.5b"}).config)
+    rows = {
+        optimizer: gpu_step.build_row(
+            gpu_step.parse_args([*ARGS, "--tier", "off", "--optimizer", optimizer]),
+            config,
+            MEASURED,
+            "NVIDIA H200",
+            {"torch": "x"},
+        )
+        for optimizer in ("adamw", "adamw_fused")
+    }
+    assert {workload_of(row)["optimizer"] for row in rows.values()} == set(rows)
+    foreach, fused = rows["adamw"]["predicted"], rows["adamw_fused"]["predicted"]
+    adapters = 2 * 4 * 28  # A and B of q, k, v, o in qwen2.5-1.5b's 28 layers
+    assert (fused["allocated_mib"] - foreach["allocated_mib"]) * 2**20 == 512 * adapters
 
 
 def test_the_sweep_covers_every_tier_of_three_families_at_two_lengths(

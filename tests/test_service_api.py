@@ -92,6 +92,22 @@ def test_the_load_path_reaches_the_estimate(api: TestClient) -> None:
     assert peaks[0] != peaks[1]
 
 
+def test_the_fused_optimizer_reaches_the_estimate(api: TestClient) -> None:
+    """A full fine-tune whose foreach AdamW temporary does not fit fits with the fused step."""
+    model = {"preset": "llama-3.1-8b"}
+    workload = {"seq_len": 2048, "method": "full"}
+    body = {"tier": "auto", "gpu": "A100-80GB", "model": model, "workload": workload}
+    foreach = api.post("/resolve", json=body)
+    fused = api.post(
+        "/resolve", json={**body, "workload": {**workload, "optimizer": "adamw_fused"}}
+    )
+    assert foreach.status_code == fused.status_code == 200, fused.text
+    assert foreach.json()["estimate"]["chosen"]["fits"] is False
+    assert fused.json()["estimate"]["chosen"]["fits"] is True
+    alternative = foreach.json()["estimate"]["alternatives"][0]
+    assert alternative["changes"] == {"optimizer": "adamw_fused"}
+
+
 @pytest.mark.parametrize("path", ["/resolve", "/dry-run"])
 def test_a_missing_tier_is_a_422_naming_it(api: TestClient, path: str) -> None:
     """A forgotten tier must not silently mean "off": null, false and "off" say it."""
@@ -180,6 +196,16 @@ LARGE_CONFIG = {**TINY_CONFIG, "num_hidden_layers": 100_000}
             422,
             "invalid_workload",
             "workload.load_path",
+        ),
+        (
+            {
+                "tier": "auto",
+                "model": {"preset": "gpt2"},
+                "workload": {"seq_len": 8, "optimizer": "adamw_torch_fused"},  # HF's name
+            },
+            422,
+            "invalid_workload",
+            "workload.optimizer",
         ),
         ({"tier": "auto", "teir": "full"}, 422, "invalid_request", "teir"),
         ([1, 2], 422, "invalid_request", "body"),

@@ -5,6 +5,9 @@ an 8B model on 24 GiB fits neither as LoRA at the same sequence nor as a full
 fine-tune at any sequence, but does as QLoRA at a slightly shorter one):
 
 - method: the request's, then the lighter ones (full -> LoRA -> QLoRA nf4);
+- optimizer: a full fine-tune with torch's foreach AdamW also as the fused
+  step, which holds no parameter-sized temporary and trains the same (the
+  smallest change of all);
 - micro-batch: the request's, then each divisor of it, with gradient
   accumulation multiplied to keep the global batch;
 - sequence length: the request's when some plan fits, else the longest
@@ -42,12 +45,13 @@ class Alternative:
 
     workload: Workload
     candidate: Candidate
-    distance: tuple[int, float, int]  # method steps, share of the sequence cut, batch divisor
+    # method steps, share of the sequence cut, batch divisor, optimizer changed
+    distance: tuple[int, float, int, int]
 
     def to_dict(self, request: Workload) -> dict[str, Any]:
         changes = {
             name: getattr(self.workload, name)
-            for name in ("method", "weights", "seq_len", "micro_batch_size")
+            for name in ("method", "weights", "optimizer", "seq_len", "micro_batch_size")
             if getattr(self.workload, name) != getattr(request, name)
         }
         row: dict[str, Any] = {
@@ -74,24 +78,24 @@ def alternatives(
     cheaply whether anything fits it (the bisection's test).
     """
     found = []
-    for method_steps, workload in _methods(request):
+    for method_steps, fused, workload in _variants(request):
         for divisor in _divisors(request.micro_batch_size):
             shaped = replace(workload, micro_batch_size=request.micro_batch_size // divisor)
             option = _fitting_sequence(shaped, judge, feasible)
             if option is not None:
                 fitted, candidate = option
                 cut = 1 - fitted.seq_len / request.seq_len
-                found.append(Alternative(fitted, candidate, (method_steps, cut, divisor)))
+                found.append(Alternative(fitted, candidate, (method_steps, cut, divisor, fused)))
                 if cut == 0:
-                    break  # a smaller micro-batch of this method is only a further change
+                    break  # a smaller micro-batch of this variant is only a further change
     frontier = [a for a in found if not any(_dominates(b, a) for b in found if b is not a)]
     frontier.sort(key=lambda a: (_changed_fields(a), a.distance, a.candidate.ratio))
     return frontier[:MAX_ALTERNATIVES]
 
 
 def _changed_fields(option: Alternative) -> int:
-    method_steps, cut, divisor = option.distance
-    return (method_steps > 0) + (cut > 0) + (divisor > 1)
+    method_steps, cut, divisor, fused = option.distance
+    return (method_steps > 0) + (cut > 0) + (divisor > 1) + fused
 
 
 def _dominates(a: Alternative, b: Alternative) -> bool:
@@ -103,15 +107,20 @@ def _dominates(a: Alternative, b: Alternative) -> bool:
     )
 
 
-def _methods(request: Workload) -> list[tuple[int, Workload]]:
-    """The request's method, then each lighter one (its default weight storage)."""
-    methods = [(0, request)]
+def _variants(request: Workload) -> list[tuple[int, int, Workload]]:
+    """The request; a full fine-tune's foreach AdamW as the fused step; then each lighter
+    method (its default weight storage).  Each as (method steps, optimizer changed, workload).
+    Adapters are a small share of the parameters, so only a full fine-tune's temporary
+    is worth a variant of its own."""
+    variants = [(0, 0, request)]
     if request.method == "full":
-        methods.append((1, replace(request, method="lora")))
+        if request.optimizer == "adamw":
+            variants.append((0, 1, replace(request, optimizer="adamw_fused")))
+        variants.append((1, 0, replace(request, method="lora")))
     if request.method != "qlora" or request.weight_storage != "nf4":
         steps = max(1, _LIGHTNESS["qlora"] - _LIGHTNESS[request.method])
-        methods.append((steps, replace(request, method="qlora", weights="nf4")))
-    return methods
+        variants.append((steps, 0, replace(request, method="qlora", weights="nf4")))
+    return variants
 
 
 def _divisors(micro_batch: int) -> list[int]:

@@ -81,7 +81,9 @@ ASSUMPTIONS: Final[dict[str, str]] = {
     "lora": "adapters, their gradients and optimizer states in fp32 (PEFT autocast_adapter_dtype); "
     "lora_dropout 0; each adapter keeps an fp32 copy of its input and its rank-r output",
     "optimizer": "adamw 2 states (torch's foreach step holds one more parameter-sized "
-    "temporary); adamw_8bit 2 B + fp32 absmax per 256 values per state; sgd momentum 0",
+    "temporary); adamw_fused 2 states and an fp32 step count per parameter on the GPU, no "
+    "temporary (torch.optim.AdamW(fused=True), HF Trainer's adamw_torch_fused); adamw_8bit "
+    "2 B + fp32 absmax per 256 values per state; sgd momentum 0",
     "gradients": "set_to_none: created during backward, freed by zero_grad(set_to_none=True); "
     "accumulate: allocated all step",
     "logits": "logits_held: the step's output (its logits) stays referenced until the step "
@@ -196,7 +198,7 @@ def _weight_bytes(layout: ParamLayout, workload: Workload, kept: list[Linear], w
 
 
 def optimizer_bytes_per_parameter(optimizer: str, param_bytes: int) -> float:
-    if optimizer == "adamw":
+    if optimizer in ("adamw", "adamw_fused"):
         return 2 * param_bytes
     if optimizer == "adamw_8bit":
         return 2 * ADAM8_BYTES_PER_STATE
@@ -246,6 +248,7 @@ def recipe_for(
         logits=logits,
         state_bytes=state_ratio,
         foreach_temp=workload.optimizer == "adamw",
+        device_steps=workload.optimizer == "adamw_fused",
         accumulate=workload.gradients == "accumulate",
         blas_workspace=blas_workspace,
         fp16=workload.dtype == "fp16",

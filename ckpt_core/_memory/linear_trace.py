@@ -36,6 +36,7 @@ class TraceRecipe:
     state_bytes: float  # optimizer state bytes (both states) per byte of trainable parameter
     foreach_temp: bool  # torch AdamW's foreach temporary
     accumulate: bool
+    device_steps: bool = False  # fused AdamW keeps each parameter's step count on the GPU
     eager_extra: bool = True  # CUDA softmax backward's fp32 grad * output temporary
     # The compute dtype is fp16, not bf16: CUDA's softmax upcasts fp16 scores inside its
     # kernel (bf16 ones are copied to fp32 first), and bitsandbytes' int8 matmul takes fp16.

@@ -2,7 +2,7 @@
 
 `ckpt_core._memory.estimate` holds what is resident all step (weights, optimizer
 states) and `ckpt_core._memory.activations` what autograd keeps at the end of the
-forward.  On top of them, three moments of a step on a CUDA device compete
+forward.  On top of them, four moments of a step on a CUDA device compete
 for ``torch.cuda.max_memory_allocated()`` (the recipe: `Recipe`):
 
 - the loss backward, right after the forward: every kept activation, the
@@ -16,8 +16,12 @@ for ``torch.cuda.max_memory_allocated()`` (the recipe: `Recipe`):
   softmax output, its fp32 gradient and two score-sized gradients coexist),
   and bitsandbytes dequantizes the widest quantized weight for the input
   gradient (4-bit: into the compute dtype; int8: into the input's dtype);
+- the embedding's backward, the last op: every gradient, and for a full
+  fine-tune with tied embeddings the input embedding's gradient and its sum
+  with the LM head's;
 - the optimizer step: every gradient, the states, and torch's foreach AdamW
-  temporary (one state-sized tensor for the denominator).
+  temporary (one state-sized tensor for the denominator; the fused step
+  updates in place).
 
 Gradients: with ``set_to_none`` they do not exist at the loss backward and
 only the head's and one block's exist at a block's backward; with
@@ -85,7 +89,16 @@ def allocated_moments(
         + recipe.dequantized
     )
     optimizer = resident + recipe.gradients + held + recipe.optimizer_temporary
-    return {"loss_backward": loss, "block_backward": block, "optimizer_step": optimizer}
+    # The backward's last op: a tied embedding's second gradient is summed with the LM
+    # head's out of place (the engine's input buffer) while every other gradient exists.
+    tied_sum = 2 * recipe.head_gradients if arch.tied and not recipe.gradients_held else 0
+    embedding = resident + recipe.gradients + held + tied_sum
+    return {
+        "loss_backward": loss,
+        "block_backward": block,
+        "embedding_backward": embedding,
+        "optimizer_step": optimizer,
+    }
 
 
 def _eager_extra(arch: Arch, step: Step, recipe: Recipe) -> int:

@@ -6,8 +6,9 @@ parameter in fp32; adapters in fp32), then replays a warm-up step (its
 optimizer step makes the optimizer states) and the measured step, each:
 forward (checkpointed blocks keep their input only), the loss, backward
 (recompute, then each op's gradients), the optimizer step (torch's foreach
-AdamW holds one temporary per parameter for the denominator); gradients are
-freed by ``zero_grad(set_to_none=True)`` or kept (``accumulate``).
+AdamW holds one temporary per parameter for the denominator, the fused one
+none); gradients are freed by ``zero_grad(set_to_none=True)`` or kept
+(``accumulate``).
 Op by op, the buffers are those of transformers' Llama-style decoder block,
 the same forward `ckpt_core._memory.activations` writes down (norms upcast to fp32,
 q / k / v / o and the MLP projections with their LoRA adapters, RoPE, eager
@@ -179,6 +180,8 @@ def _step(
     state = recipe.state_bytes / 2
     if states and state:  # AdamW makes exp_avg and exp_avg_sq at its first step
         for size in trainable:
+            if recipe.device_steps:  # the fused step's `state["step"]`, fp32 on the device
+                sim.new(4)
             sim.new(int(size * state))
             sim.new(int(size * state))
     if recipe.foreach_temp:
