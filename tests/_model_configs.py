@@ -148,6 +148,17 @@ GLM4: Final = (
     ("pad_token_id", 0),  # GLM-4's default is beyond Llama's vocabulary
 )
 
+# GLM (GLM-4-9B's first release) on Llama 3.2 1B's sizes: GLM-4's attention and MLP in
+# Llama's layer (two norms).
+GLM: Final = (
+    ("model_type", "glm"),
+    ("architectures", ["GlmForCausalLM"]),
+    ("attention_bias", True),
+    ("partial_rotary_factor", 0.5),
+    ("rope_scaling", None),
+    ("pad_token_id", 0),
+)
+
 # gpt-oss-20b's config with four layers: 32 experts, top 4, sliding and full layers in
 # turn, attention sinks, biases everywhere (its activations and parameters are exact at
 # any depth).

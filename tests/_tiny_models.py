@@ -194,6 +194,7 @@ _SPECS: dict[str, _Spec] = {
         {**_DECODER, "sliding_window": 4, "sliding_window_pattern": 2},
     ),
     "glm4": _Spec("Glm4Config", "Glm4ForCausalLM", {**_DECODER, "head_dim": 8}),
+    "glm": _Spec("GlmConfig", "GlmForCausalLM", {**_DECODER, "head_dim": 8}),
     "hunyuan_v1_dense": _Spec(
         "HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {**_DECODER, "head_dim": 8}
     ),

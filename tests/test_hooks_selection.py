@@ -41,6 +41,7 @@ STACKS: dict[str, dict[str, tuple[str, ...]]] = {
     "ministral": _DECODER,
     "exaone4": _DECODER,
     "glm4": _DECODER,
+    "glm": _DECODER,
     "hunyuan_v1_dense": _DECODER,
     "gpt_oss": _DECODER,
     "gpt2": {"transformer.h": ("attn",)},

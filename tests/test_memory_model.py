@@ -33,6 +33,7 @@ from tests._model_configs import (
     ERNIE4_5,
     EXAONE4,
     GEMMA,
+    GLM,
     GLM4,
     GLM4_MOE,
     GLM4_MOE_GROUPED,
@@ -322,6 +323,7 @@ CONFIGS = {
             MINISTRAL,
             EXAONE4,
             GLM4,
+            GLM,
             HUNYUAN,
             GEMMA,
             SEED_OSS,
@@ -347,7 +349,8 @@ def test_a_model_type_without_a_preset_is_estimated_as_measured(
     whose backward keeps the scale; Ministral's full-attention mask, made though every
     layer slides, is read by no layer, so nothing keeps it; EXAONE 4's global layers
     use no positions and keep q and k as normed, the same bytes; GLM-4's RoPE products
-    keep its layer's own interleaved copies of half of cos and sin; Hunyuan normalizes
+    keep its layer's own interleaved copies of half of cos and sin (GLM's, in Llama's
+    layer, too); Hunyuan normalizes
     the rotated q and k, which keeps what normalizing them first keeps; Gemma (1) keeps
     its norms' fp32 work and its scaled embeddings, with heads wider than the model;
     Seed-OSS's residual dropout keeps a mask per branch (the attention's inside
@@ -705,6 +708,7 @@ def test_a_valid_sliding_window_is_estimated() -> None:
         ("ministral", 0.0),
         ("exaone4", 0.0),
         ("glm4", 0.0),
+        ("glm", 0.0),
         ("hunyuan_v1_dense", 0.0),
         ("gemma", 0.0),
         ("deepseek_v3", 0.0),

@@ -10,6 +10,7 @@ from bench.op_order import Case, estimate, record, replay, with_workspaces
 from tests._model_configs import (
     EXAONE4,
     GEMMA,
+    GLM,
     GLM4,
     GRANITE,
     HUNYUAN,
@@ -43,6 +44,7 @@ QWEN2_SLIDING = (("use_sliding_window", True), ("sliding_window", 512), ("max_wi
         Case("llama-3.2-1b", "lora", "bf16", "eager", "off", 2, 1024, overrides=MINISTRAL),
         Case("llama-3.2-1b", "lora", "bf16", "sdpa", "selective", 2, 1024, overrides=EXAONE4),
         Case("llama-3.2-1b", "full", "bf16", "sdpa", "medium", 2, 1024, overrides=GLM4),
+        Case("llama-3.2-1b", "lora", "bf16", "eager", "selective", 2, 1024, overrides=GLM),
         Case("llama-3.2-1b", "full", "bf16", "eager", "full", 2, 1024, overrides=HUNYUAN),
         Case("llama-3.2-1b", "full", "bf16", "eager", "selective", 2, 1024, overrides=GEMMA),
     ],

@@ -123,12 +123,15 @@ def block(
     selective: bool = False,
     rotary: bool = True,
     layer_norm: Callable[[Sim, int, int, int, TraceRecipe], int] = norm,
+    self_attention: Callable[..., int] | None = None,
 ) -> int:
     """LlamaDecoderLayer.forward on the block input ``x``; returns its output.
 
     ``mask``: eager's float mask, or sdpa's boolean one (None: ``is_causal``);
     ``rotary``: the layer applies RoPE (SmolLM3's NoPE layers do not);
-    ``layer_norm``: its two norms (Gemma's scale in fp32)."""
+    ``layer_norm``: its two norms (Gemma's scale in fp32); ``self_attention``: the
+    layer's attention when it is not Llama's (`attention`), called as it is."""
+    self_attention = self_attention or attention
     tokens, h = recipe.batch * recipe.seq, arch.hidden
     # `hidden_states, _ = self.self_attn(...)` keeps eager attention's weights
     # referenced until the layer returns.
@@ -138,11 +141,11 @@ def block(
     normed_in = layer_norm(sim, x, tokens, h, recipe)
     if selective:
         out = sim.checkpoint(
-            lambda s, y: attention(s, y, arch=arch, recipe=recipe, mask=mask, rotary=rotary),
+            lambda s, y: self_attention(s, y, arch=arch, recipe=recipe, mask=mask, rotary=rotary),
             normed_in,
         )
     else:
-        out = attention(
+        out = self_attention(
             sim, normed_in, arch=arch, recipe=recipe, mask=mask, held=weights, rotary=rotary
         )
     # The layer rebinds hidden_states to the attention's output: the normed input dies.

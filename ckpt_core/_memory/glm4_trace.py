@@ -1,4 +1,4 @@
-"""GLM-4's decoder layer, for the step replay.
+"""GLM-4's and GLM's decoder layers, for the step replay.
 
 Glm4DecoderLayer is Gemma's sandwich of four norms (before and after the
 attention and the MLP) with Llama's RMSNorm, q / k / v with biases, Phi-3's
@@ -6,17 +6,20 @@ fused gate / up projection, and a RoPE of its own: each layer interleaves the
 first half of cos and sin into copies (``repeat_interleave``), which its
 products keep, and rotates only the leading ``partial_rotary_factor`` of each
 head, concatenating the rest back.  Embeddings, masks, the linears, the
-attention kernels and the MLP are the shared ones.  Sizes in bytes.
+attention kernels and the MLP are the shared ones.  GlmDecoderLayer (GLM-4-9B's
+first release) is Llama's layer around the same attention and MLP.  Sizes in bytes.
 """
 
 from __future__ import annotations
+
+import functools
 
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.autograd_sim import Sim
 from ckpt_core._memory.block_trace import attend, norm
 from ckpt_core._memory.layer_trace import post_normed_block, projections
 from ckpt_core._memory.linear_trace import TraceRecipe
-from ckpt_core._memory.model_trace import TraceModel, llama_prepare
+from ckpt_core._memory.model_trace import TraceModel, llama_layer, llama_prepare
 
 
 def _attention(
@@ -26,11 +29,11 @@ def _attention(
     arch: Arch,
     recipe: TraceRecipe,
     mask: int | None,
-    held: list[int] | None,
-    rotary: bool,
+    held: list[int] | None = None,
+    rotary: bool = True,
 ) -> int:
-    """Glm4Attention.forward: q, k and v projected, RoPE (`_rope`), then attention; the
-    rebinding frees the projections."""
+    """Glm4Attention.forward (GlmAttention's is the same): q, k and v projected, RoPE
+    (`_rope`), then attention; the rebinding frees the projections."""
     query, key, value = projections(sim, x, arch, recipe)
     query_r, key_r = query, key
     if rotary:
@@ -74,5 +77,12 @@ def _rope(sim: Sim, query: int, key: int, *, arch: Arch, recipe: TraceRecipe) ->
 GLM4 = TraceModel(
     prepare=llama_prepare,
     block=post_normed_block(_attention, norm, pre_norms=True),
+    norm=norm,
+)
+
+# GlmDecoderLayer.forward: Llama's, around GLM-4's attention.
+GLM = TraceModel(
+    prepare=llama_prepare,
+    block=functools.partial(llama_layer, self_attention=_attention),
     norm=norm,
 )

@@ -140,9 +140,11 @@ def llama_layer(
     index: int,
     selective: bool = False,
     layer_norm: Callable[[Sim, int, int, int, TraceRecipe], int] = norm,
+    self_attention: Callable[..., int] | None = None,
 ) -> int:
     """Layer ``index`` as Llama's: its kind's mask, RoPE unless it is a NoPE layer;
-    ``layer_norm``: its two norms (Gemma's, in Gemma (1)'s layer)."""
+    ``layer_norm``: its two norms (Gemma's, in Gemma (1)'s layer); ``self_attention``:
+    its attention when not Llama's (GLM's)."""
     mask = inputs.layer_mask(arch, index)
     rotary = inputs.layer_rotary(arch, index)
     return block(
@@ -154,6 +156,7 @@ def llama_layer(
         selective=selective,
         rotary=rotary,
         layer_norm=layer_norm,
+        self_attention=self_attention,
     )
 
 

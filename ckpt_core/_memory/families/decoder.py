@@ -54,7 +54,7 @@ from ckpt_core._memory.families.vision import (
 )
 from ckpt_core._memory.family import Family, single_stack
 from ckpt_core._memory.gemma_trace import GEMMA, GEMMA2, GEMMA3
-from ckpt_core._memory.glm4_trace import GLM4
+from ckpt_core._memory.glm4_trace import GLM, GLM4
 from ckpt_core._memory.ledger import (
     GLOBAL,
     BlockMode,
@@ -278,11 +278,12 @@ _TRACES: dict[str, TraceModel] = {
     "olmo3": OLMO2,
     "exaone4": EXAONE4,
     "glm4": GLM4,
+    "glm": GLM,
 }
 
 
 def _trace(arch: Arch) -> TraceModel:
-    """Gemma 2's, Gemma 3's, OLMo-2's, EXAONE 4's and GLM-4's layers (sandwich or
+    """Gemma 2's, Gemma 3's, OLMo-2's, EXAONE 4's, GLM-4's and GLM's layers (sandwich or
     post-norms, q / k norms, sliding masks, logit softcapping, fp32 or partial RoPE)
     are replayed as their own (OLMo-3 runs OLMo-2's, its sliding layers reading their
     mask); every other decoder as Llama's block at its sizes."""
@@ -321,6 +322,7 @@ FAMILY = Family(
         "olmo3",
         "exaone4",
         "glm4",
+        "glm",
         "hunyuan_v1_dense",
         "gemma",
         "gemma2",

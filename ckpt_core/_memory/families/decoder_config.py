@@ -1,6 +1,6 @@
 """How the decoder family reads its configs: one `Arch` per model.
 
-Llama, Mistral, Mixtral, Qwen2/3 (+ MoE), Phi-3, OLMo-2/3, Gemma (1, 2, 3), GLM-4,
+Llama, Mistral, Mixtral, Qwen2/3 (+ MoE), Phi-3, OLMo-2/3, Gemma (1, 2, 3), GLM(-4),
 EXAONE 4 and their kin share one reader; what tells them apart (norms,
 sliding layers, RoPE's variants, q / k norms, routed and shared experts) becomes the
 `Arch`'s fields, which `ckpt_core._memory.families.decoder` turns into
@@ -36,8 +36,8 @@ def _text_arch(config: Any, model_type: str) -> Arch:
     gemma = model_type.startswith("gemma")
     # Gemma 2 and 3 sandwich each branch in norms; Gemma (1) is Llama's layout, GLM-4
     # Gemma 2's with Llama's RMSNorm.
-    glm = model_type == "glm4"
-    sandwiched = (gemma and model_type != "gemma") or glm
+    glm = model_type in ("glm4", "glm")  # GLM (GLM-4-9B's first release): no sandwich
+    sandwiched = (gemma and model_type != "gemma") or model_type == "glm4"
     gpt_oss = model_type == "gpt_oss"
     qwen2_moe = model_type == "qwen2_moe"
     glm4_moe = model_type == "glm4_moe"  # GLM-4.5 / 4.6 and -Air
@@ -88,11 +88,11 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         act=read_activation(config, "hidden_activation", "hidden_act"),
         glu=True,
         fused_qkv=model_type == "phi3",
-        fused_gate_up=model_type in ("phi3", "glm4"),
+        fused_gate_up=model_type == "phi3" or glm,
         qkv_bias=qkv_bias,
         o_bias=bool(getattr(config, "attention_out_bias", False))
         if seed
-        else qkv_bias and model_type not in ("qwen2", "qwen2_moe", "glm4", "glm4_moe"),
+        else qkv_bias and model_type not in ("qwen2", "qwen2_moe", "glm4", "glm", "glm4_moe"),
         norm=norm,
         qk_norm=_qk_norm(config, model_type),
         qk_norm_after_rope=model_type == "hunyuan_v1_dense",
@@ -100,7 +100,7 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         sandwich="gemma" if sandwiched else "olmo2" if post_norms else "",
         rope_fp32=olmo or ernie,
         rope_per_kind=model_type in ("gemma3_text", "gemma3", "olmo3"),
-        rope_concat=model_type in ("phi3", "glm4", "glm4_moe", "gpt_oss"),
+        rope_concat=model_type in ("phi3", "glm4", "glm", "glm4_moe", "gpt_oss"),
         rotary_dim=rotary_dim,
         rope_interleaved=glm or ernie,
         rope_halves=gpt_oss,
