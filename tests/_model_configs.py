@@ -213,6 +213,19 @@ SEED_OSS: Final = (
     ("rope_scaling", None),
 )
 
+# StarCoder2 on Llama 3.2 1B's sizes: LayerNorms with biases, a GELU MLP (c_fc, c_proj),
+# biases on every linear, dropout on the embeddings and on each branch's output.
+STARCODER2: Final = (
+    ("model_type", "starcoder2"),
+    ("architectures", ["Starcoder2ForCausalLM"]),
+    ("use_bias", True),
+    ("hidden_act", "gelu_pytorch_tanh"),
+    ("norm_epsilon", 1e-5),
+    ("residual_dropout", 0.1),
+    ("embedding_dropout", 0.1),
+    ("rope_scaling", None),
+)
+
 # Gemma (1) on Llama 3.2 1B's sizes, with Gemma's wide heads (heads x head_dim = twice the
 # hidden size, as Gemma 7B's 16 x 256 against 3072): Llama's layer with Gemma's norms,
 # GeGLU and scaled, tied embeddings.

@@ -53,6 +53,7 @@ from tests._model_configs import (
     QWEN2_MOE_SPARSE,
     SEED_OSS,
     SMOLLM3,
+    STARCODER2,
 )
 from tests._tiny_models import as_loaded, tiny_model
 
@@ -328,6 +329,7 @@ CONFIGS = {
             GEMMA,
             SEED_OSS,
             ERNIE4_5,
+            STARCODER2,
         )
     },
 }
@@ -709,6 +711,7 @@ def test_a_valid_sliding_window_is_estimated() -> None:
         ("exaone4", 0.0),
         ("glm4", 0.0),
         ("glm", 0.0),
+        ("starcoder2", 0.0),
         ("hunyuan_v1_dense", 0.0),
         ("gemma", 0.0),
         ("deepseek_v3", 0.0),

@@ -7,6 +7,9 @@ from typing import Any
 import pytest
 
 from bench.op_order import Case, estimate, record, replay, with_workspaces
+from ckpt_core._configs.presets import load_preset
+from ckpt_core._memory.inputs import model_facts, parse_workload, prepare
+from ckpt_core._memory.verdict import CLOSED_FORM_BANDS, tight_band
 from tests._model_configs import (
     EXAONE4,
     GEMMA,
@@ -18,6 +21,7 @@ from tests._model_configs import (
     MINISTRAL3,
     OLMO3,
     SMOLLM3,
+    STARCODER2,
 )
 
 # Qwen2 with use_sliding_window: layers from max_window_layers on slide, the others do not.
@@ -76,6 +80,22 @@ def test_the_replay_allocates_what_the_real_op_order_does(case: Case) -> None:
     real_allocated, real_reserved = replay(with_workspaces(record(case), workspace))
     assert allocated == pytest.approx(real_allocated, rel=0.002)
     assert reserved == pytest.approx(real_reserved, rel=0.03)
+
+
+@pytest.mark.parametrize("tier", ["off", "selective"])
+def test_starcoder2_replayed_as_llamas_block_stays_within_its_band(tier: str) -> None:
+    """StarCoder2 (LayerNorms, a GELU MLP, biases, dropout on the embeddings and each
+    branch) is replayed as Llama's block at its sizes: its allocated peak comes from the
+    closed form, equal to the real order's within 0.2%; its pool may miss by more than
+    a replayed model's, within the band its verdicts get (`CLOSED_FORM_BANDS`)."""
+    case = Case("llama-3.2-1b", "full", "bf16", "sdpa", tier, 2, 1024, overrides=STARCODER2)
+    allocated, reserved, workspace = estimate(case)
+    real_allocated, real_reserved = replay(with_workspaces(record(case), workspace))
+    assert allocated == pytest.approx(real_allocated, rel=0.002)
+    assert reserved >= (1 - CLOSED_FORM_BANDS["fused"]) * real_reserved
+    config = {**load_preset("llama-3.2-1b"), **dict(STARCODER2)}
+    run = prepare(model_facts({"config": config}), parse_workload({"seq_len": 1024}))
+    assert tight_band(run.facts.arch, run.step) == CLOSED_FORM_BANDS["fused"]
 
 
 def test_a_softmax_in_the_dtype_leaves_no_fp32_buffers_in_the_transient() -> None:

@@ -152,6 +152,8 @@ class Arch:
     falcon_norms: int = 0  # LayerNorms per Falcon block (1 or 2)
     bias: bool = False  # every linear has a bias (GPT-2, BERT, Falcon with bias=True)
     mlp_bias: bool = False  # Llama-style ``mlp_bias``
+    # A non-gated MLP's two projections (StarCoder2's c_fc / c_proj).
+    mlp_names: tuple[str, str] = ("up_proj", "down_proj")
     vision: Vision | None = None
     # The memory model's caches are keyed by the Arch; ``auto``'s search asks them
     # hundreds of times per answer, so the hash of its ~50 fields is computed once.

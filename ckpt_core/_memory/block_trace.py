@@ -196,11 +196,12 @@ def mlp(sim: Sim, x: int, *, arch: Arch, recipe: TraceRecipe) -> int:
         up = linear(sim, x, "mlp.up_proj", (h, inter), recipe)
         product = sim.op([activated, up], act * tokens * inter, save=[activated, up])
         sim.drop(activated, up)
-    else:
-        up = linear(sim, x, "mlp.up_proj", (h, inter), recipe)
+    else:  # a non-gated MLP (StarCoder2's c_fc, then c_proj)
+        up = linear(sim, x, f"mlp.{arch.mlp_names[0]}", (h, inter), recipe)
         product = sim.op([up], act * tokens * inter, save=[up])
         sim.drop(up)
-    down = linear(sim, product, "mlp.down_proj", (inter, h), recipe)
+    down_name = arch.mlp_names[1] if not arch.glu and not arch.fused_gate_up else "down_proj"
+    down = linear(sim, product, f"mlp.{down_name}", (inter, h), recipe)
     sim.drop(product, *chunks)
     return down
 

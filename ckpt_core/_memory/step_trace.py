@@ -79,12 +79,14 @@ def _linears(arch: Arch) -> list[tuple[str, int, int]]:
     else:
         attention = [(f"self_attn.{x}_proj", h, n) for x, n in (("q", q), ("k", kv), ("v", kv))]
         attention.append(output)
+    up, down = arch.mlp_names
     if arch.fused_gate_up:
         mlp = [("mlp.gate_up_proj", h, 2 * inter)]
+        down = "down_proj"
     else:
         mlp = [("mlp.gate_proj", h, inter)] if arch.glu else []
-        mlp.append(("mlp.up_proj", h, inter))
-    return [*attention, *mlp, ("mlp.down_proj", inter, h)]
+        mlp.append((f"mlp.{up}", h, inter))
+    return [*attention, *mlp, (f"mlp.{down}", inter, h)]
 
 
 def _load(sim: Sim, arch: Arch, recipe: TraceRecipe) -> list[int]:

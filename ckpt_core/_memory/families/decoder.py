@@ -34,6 +34,7 @@ from ckpt_core._memory.costs import (
     lm_head_flops,
 )
 from ckpt_core._memory.exaone4_trace import EXAONE4
+from ckpt_core._memory.families.common import two_matrix_mlp
 from ckpt_core._memory.families.decoder_config import read_arch
 from ckpt_core._memory.families.decoder_mlp import (
     adapted_experts,
@@ -94,15 +95,19 @@ def _param_layout(arch: Arch) -> ParamLayout:
         attention = mla_linears(arch)
     mlp_bias = arch.mlp_bias
     inter = arch.intermediate
-    mlp = (
-        [Linear("mlp.gate_up_proj", h, 2 * inter, dense), Linear("mlp.down_proj", inter, h, dense)]
-        if arch.fused_gate_up
-        else [
-            Linear("mlp.gate_proj", h, inter, dense, mlp_bias),
-            Linear("mlp.up_proj", h, inter, dense, mlp_bias),
-            Linear("mlp.down_proj", inter, h, dense, mlp_bias),
+    up, down = arch.mlp_names
+    if arch.fused_gate_up:
+        mlp = [
+            Linear("mlp.gate_up_proj", h, 2 * inter, dense),
+            Linear("mlp.down_proj", inter, h, dense),
         ]
-    )
+    else:
+        gate = [Linear("mlp.gate_proj", h, inter, dense, mlp_bias)] if arch.glu else []
+        mlp = [
+            *gate,
+            Linear(f"mlp.{up}", h, inter, dense, mlp_bias),
+            Linear(f"mlp.{down}", inter, h, dense, mlp_bias),
+        ]
     moe = n - dense
     shared, module = arch.shared_expert_intermediate, shared_module(arch)
     if shared:  # the shared expert (and Qwen2-MoE's gate for it), in each MoE layer
@@ -118,11 +123,13 @@ def _param_layout(arch: Arch) -> ParamLayout:
     if arch.clamped_swiglu:  # gpt-oss: biased router and experts
         experts += moe * arch.experts * (2 * arch.moe_intermediate + h)
         router += moe * arch.experts
-    norms_per_block = {"gemma": 4, "olmo2": 2}.get(arch.sandwich, 2) * h
+    norm_width = 2 * h if arch.norm == "layer" else h  # a LayerNorm's weight and bias
+    norms_per_block = {"gemma": 4, "olmo2": 2}.get(arch.sandwich, 2) * norm_width
     qk_norm = {"head": 2 * d, "full": q + kv}.get(arch.qk_norm, 0)
     sinks = arch.heads if arch.attn_sinks else 0
     latent_norms = mla_norm_parameters(arch) if arch.kv_lora_rank else 0
-    other = n * (norms_per_block + qk_norm + sinks + latent_norms) + router + h  # + final norm
+    final_norm = norm_width
+    other = n * (norms_per_block + qk_norm + sinks + latent_norms) + router + final_norm
     linears = tuple(item for item in (*attention, *mlp) if item.count)
     idle = sum(vision_tensors(arch))
     layout = ParamLayout(linears, experts, embedding_parameters(arch), other, idle)
@@ -149,6 +156,15 @@ def _embed(arch: Arch, step: Step) -> Ledger:
     led = Ledger()
     if step.trainable_weights:
         led.keep(f"{GLOBAL}ids", 8 * step.tokens)  # the embedding keeps its indices
+    # StarCoder2 drops out the embeddings before the first layer.
+    dropout(
+        led,
+        step,
+        "embed",
+        tag="embed.dropout",
+        p=arch.embed_dropout,
+        elements=step.tokens * arch.hidden,
+    )
     return led
 
 
@@ -198,8 +214,10 @@ def _block(arch: Arch, step: Step, mode: BlockMode, kind: BlockKind) -> Ledger:
         clamped_routed_mlp(led, arch, step, mlp_in)
     elif moe:
         routed_mlp(led, arch, step, mlp_in)
-    else:
+    elif arch.glu:
         glu_mlp(led, arch, step, mlp_in)
+    else:
+        two_matrix_mlp(led, arch, step, mlp_in, tuple(f"mlp.{name}" for name in arch.mlp_names))
     dropout(led, step, "mlp.out", tag="mlp.resid_dropout", p=p, elements=tokens * h)
     if arch.sandwich:
         norm(led, step, "mlp.out", "ln_post_mlp", kind=arch.norm, rows=tokens, width=h)
@@ -291,9 +309,15 @@ def _trace(arch: Arch) -> TraceModel:
 
 
 def _replayed_exactly(arch: Arch) -> bool:
-    """Every dense decoder but MLA's (replayed as Llama's block at its sizes) and those
-    with residual dropout (not replayed); an MoE layer's routing is not replayed."""
-    return not arch.is_moe and not arch.kv_lora_rank and not arch.hidden_dropout
+    """Every dense decoder but MLA's and LayerNorm's (StarCoder2: replayed as Llama's
+    block at their sizes) and those with residual dropout (not replayed); an MoE layer's
+    routing is not replayed."""
+    return (
+        not arch.is_moe
+        and not arch.kv_lora_rank
+        and not arch.hidden_dropout
+        and arch.norm != "layer"
+    )
 
 
 FAMILY = Family(
@@ -323,6 +347,7 @@ FAMILY = Family(
         "exaone4",
         "glm4",
         "glm",
+        "starcoder2",
         "hunyuan_v1_dense",
         "gemma",
         "gemma2",

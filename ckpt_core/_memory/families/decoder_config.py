@@ -45,6 +45,9 @@ def _text_arch(config: Any, model_type: str) -> Arch:
     deepseek = model_type in ("deepseek_v3", "deepseek_v2", "glm4_moe_lite")
     deepseek_v2 = model_type == "deepseek_v2"
     seed = model_type == "seed_oss"  # Seed-OSS: Llama's layer with biases and dropout
+    # StarCoder2: Llama's layer with LayerNorms, a GELU MLP (c_fc, c_proj), biases
+    # everywhere (use_bias) and dropout on the embeddings and each branch's output.
+    starcoder2 = model_type == "starcoder2"
     # ERNIE 4.5: fp32 cos / sin, interleaved into copies in every layer (as GLM-4's)
     ernie = model_type == "ernie4_5"
     # Qwen2MoeConfig sets the window to 0 without use_sliding_window; its model still
@@ -66,7 +69,8 @@ def _text_arch(config: Any, model_type: str) -> Arch:
     post_norms = olmo or model_type == "exaone4"  # EXAONE 4: OLMo-2's layout, Llama's norm
     # gpt-oss scales by its weight in fp32 before the cast back, as OLMo-2 does.
     norm = "rms_gemma" if gemma else "rms_olmo" if olmo or gpt_oss else "rms"
-    bias_key = "qkv_bias" if qwen2_moe else "use_bias" if ernie else "attention_bias"
+    norm = "layer" if starcoder2 else norm
+    bias_key = "qkv_bias" if qwen2_moe else "use_bias" if ernie or starcoder2 else "attention_bias"
     qkv_bias = model_type == "qwen2" or bool(getattr(config, bias_key, False))
     kv_heads = read_int(config, "num_key_value_heads", default=heads)
     rotary_dim = _rotary_dim(config, head_dim)
@@ -86,12 +90,14 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         vocab=read_int(config, "vocab_size"),
         tied=bool(getattr(config, "tie_word_embeddings", False)),
         act=read_activation(config, "hidden_activation", "hidden_act"),
-        glu=True,
+        glu=not starcoder2,
         fused_qkv=model_type == "phi3",
         fused_gate_up=model_type == "phi3" or glm,
         qkv_bias=qkv_bias,
         o_bias=bool(getattr(config, "attention_out_bias", False))
         if seed
+        else qkv_bias
+        if starcoder2
         else qkv_bias and model_type not in ("qwen2", "qwen2_moe", "glm4", "glm", "glm4_moe"),
         norm=norm,
         qk_norm=_qk_norm(config, model_type),
@@ -140,11 +146,15 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         clamped_swiglu=gpt_oss,
         attn_dropout=float(getattr(config, "attention_dropout", 0.0) or 0.0),
         hidden_dropout=float(
-            getattr(config, "residual_dropout" if seed else "resid_pdrop", 0.0) or 0.0
+            getattr(config, "residual_dropout" if seed or starcoder2 else "resid_pdrop", 0.0) or 0.0
         ),
-        dropout_in_attention=seed,
-        embed_dropout=float(getattr(config, "embd_pdrop", 0.0) or 0.0),
-        mlp_bias=bool(getattr(config, "use_bias" if ernie else "mlp_bias", False)),
+        dropout_in_attention=seed or starcoder2,
+        # Phi-3's config has embd_pdrop, which its model does not apply.
+        embed_dropout=float(getattr(config, "embedding_dropout", 0.0) or 0.0)
+        if starcoder2
+        else 0.0,
+        mlp_bias=bool(getattr(config, "use_bias" if ernie or starcoder2 else "mlp_bias", False)),
+        mlp_names=("c_fc", "c_proj") if starcoder2 else ("up_proj", "down_proj"),
     )
 
 
