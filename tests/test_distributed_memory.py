@@ -132,6 +132,34 @@ def test_offload_moves_states_to_the_host_and_checks_its_size() -> None:
     assert "more than the 256 GiB given" in too_small.reason
 
 
+@pytest.mark.parametrize("sharding", ["zero1", "zero2", "zero3"])
+def test_the_foreach_adamw_temporary_is_one_state_of_the_gpus_share(sharding: str) -> None:
+    """torch's foreach step holds one state-sized tensor per parameter.  DeepSpeed steps
+    its fp32 partition: one fp32 state of this GPU's share (a third of the optimizer
+    bytes, masters included), not the 16-bit and fp32 gradients together (ZeRO-3 keeps
+    only the fp32 partition); torch's states are the parameters' dtype, as the
+    gradients.  On the host, or fused (DeepSpeed's own FusedAdam), none."""
+    workload = {"world_size": 8, "sharding": sharding, "method": "full"}
+    run = prepare(
+        model_facts({"preset": "llama-3.2-1b"}),
+        parse_workload({"seq_len": 1024, **workload, "engine": "deepspeed"}),
+    )
+    share = -(-run.static.trainable_parameters * 4 // 8)
+    assert run.recipe.optimizer_temporary == share == run.static.optimizer // 3
+    bf16 = 2 * run.static.trainable_parameters  # ZeRO-1 keeps them whole, ZeRO-2 a share
+    sixteen_bit = {"zero1": bf16, "zero2": -(-bf16 // 8), "zero3": 0}[sharding]
+    assert run.static.gradients == share + sixteen_bit
+    if sharding != "zero1":  # torch's engine has no ZeRO-1
+        torch = prepare(
+            model_facts({"preset": "llama-3.2-1b"}), parse_workload({"seq_len": 1024, **workload})
+        )
+        assert torch.recipe.optimizer_temporary == torch.static.gradients
+    for change in ({"offload": "optimizer"}, {"optimizer": "adamw_fused"}):
+        other = {"seq_len": 1024, **workload, "engine": "deepspeed", **change}
+        off = prepare(model_facts({"preset": "llama-3.2-1b"}), parse_workload(other))
+        assert off.recipe.optimizer_temporary == 0
+
+
 # --- must show: llama-3.1-70b, seq 8192, 8 x H100-80GB -----------------------------------
 
 

@@ -119,6 +119,12 @@ class StaticMemory:
         """The model states of one whole replica: what the step replay allocates."""
         return self.total
 
+    @property
+    def foreach_temporary(self) -> int:
+        """What torch's foreach AdamW step holds besides the states: one state-sized
+        tensor per parameter, in the states' dtype (the parameters', as the gradients)."""
+        return self.gradients
+
 
 @dataclass(frozen=True, slots=True)
 class TierMemory:
@@ -227,7 +233,7 @@ def recipe_for(
     grad_bytes = static.gradients // trainable if trainable else 0
     layers = max(1, max((linear.count for linear in layout.linears), default=1))
     head = layout.embeddings * grad_bytes if workload.method == "full" else 0
-    temporary = static.gradients if workload.optimizer == "adamw" else 0
+    temporary = static.foreach_temporary if workload.optimizer == "adamw" else 0
     widest = max((linear.fan_in * linear.fan_out for linear in layout.linears), default=0)
     loaded = 4 if workload.weight_storage == "fp32" or workload.compute == "autocast" else compute
     state_ratio = static.optimizer / static.gradients if static.gradients else 0.0

@@ -91,6 +91,7 @@ class ShardedMemory(StaticMemory):
     shard_degree: int = 1
     totals: StaticMemory | None = None
     rules: tuple[str, ...] = ()
+    states32: int | None = None  # one fp32 optimizer state of this GPU's share (DeepSpeed's)
 
     @property
     def total(self) -> int:
@@ -99,6 +100,12 @@ class ShardedMemory(StaticMemory):
     @property
     def replica_total(self) -> int:
         return self.totals.total if self.totals is not None else super().total
+
+    @property
+    def foreach_temporary(self) -> int:
+        """DeepSpeed steps its fp32 partition, whose states are fp32 whatever the
+        gradients' dtype; torch's states follow the parameters, as the gradients."""
+        return self.gradients if self.states32 is None else self.states32
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,8 +238,9 @@ def _deepspeed(case: _Case) -> ShardedMemory:
         buckets += DS_PREFETCH_BUCKET * compute
         rules.append("deepspeed_live")
     host = 0
-    if offload != "none":
-        host, grads32, optimizer = grads32 + optimizer, 0, 0
+    states32 = _ceil(case.totals.trainable_parameters * FP32, degree)
+    if offload != "none":  # the optimizer steps on the host
+        host, grads32, optimizer, states32 = grads32 + optimizer, 0, 0, 0
         grads = grads if sharding == "zero1" else 0  # ZeRO-Offload reduces straight to the host
         rules.append("deepspeed_offload")
     if offload == "all":
@@ -246,6 +254,7 @@ def _deepspeed(case: _Case) -> ShardedMemory:
         communication=buckets,
         host=host,
         rules=rules + ["host"] * bool(host),
+        states32=states32,
     )
 
 
@@ -259,6 +268,7 @@ def _sharded(
     communication: int = 0,
     host: int = 0,
     rules: list[str],
+    states32: int | None = None,
 ) -> ShardedMemory:
     return ShardedMemory(
         weights=weights,
@@ -271,6 +281,7 @@ def _sharded(
         shard_degree=case.degree,
         totals=case.totals,
         rules=tuple(rules),
+        states32=states32,
     )
 
 
