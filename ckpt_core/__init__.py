@@ -44,6 +44,7 @@ from ckpt_core._planning.tiers import (
     TierLike,
     parse_tier,
 )
+from ckpt_core._planning.trainer_workload import workload_from_training_arguments
 from ckpt_core._planning.training_args import (
     MIN_TRANSFORMERS,
     HookKind,
@@ -181,6 +182,7 @@ __all__ = [
     "remove_hooks",
     "resolve_gradient_checkpointing",
     "resolve_granularity",
+    "workload_from_training_arguments",
 ]
 
 
