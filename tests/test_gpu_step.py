@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -104,20 +105,27 @@ def test_a_padded_row_is_estimated_as_a_padded_batch() -> None:
     assert padded["predicted"]["allocated_mib"] > plain["predicted"]["allocated_mib"]
 
 
-def test_a_row_loaded_and_moved_is_estimated_as_such() -> None:
-    """--load-path to_device: the row says so, and the estimate replays that load."""
+def _off_rows(flag: str, values: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """qwen2.5-1.5b's off-tier row for each value of one harness option, keyed by it; each
+    row's workload says the value it was recorded with."""
     config = dict(load_model_config({"preset": "qwen2.5-1.5b"}).config)
     rows = {
-        path: gpu_step.build_row(
-            gpu_step.parse_args([*ARGS, "--tier", "off", "--load-path", path]),
+        value: gpu_step.build_row(
+            gpu_step.parse_args([*ARGS, "--tier", "off", f"--{flag.replace('_', '-')}", value]),
             config,
             MEASURED,
             "NVIDIA H200",
             {"torch": "x"},
         )
-        for path in ("device_map", "to_device")
+        for value in values
     }
-    assert {workload_of(row)["load_path"] for row in rows.values()} == set(rows)
+    assert {workload_of(row)[flag] for row in rows.values()} == set(values)
+    return rows
+
+
+def test_a_row_loaded_and_moved_is_estimated_as_such() -> None:
+    """--load-path to_device: the row says so, and the estimate replays that load."""
+    rows = _off_rows("load_path", ("device_map", "to_device"))
     moved, mapped = rows["to_device"]["predicted"], rows["device_map"]["predicted"]
     assert moved["allocated_mib"] == pytest.approx(mapped["allocated_mib"], rel=1e-3)
     assert moved["process_mib"] != mapped["process_mib"]  # the same tensors in another pool
@@ -127,18 +135,7 @@ def test_a_fused_adamw_row_is_estimated_as_such() -> None:
     """--optimizer adamw_fused: the row says so, and its prediction is the fused step's
     (off peaks in the backward, where the fused step's only trace is its step counts: a
     512 B block per adapter tensor on the GPU)."""
-    config = dict(load_model_config({"preset": "qwen2.5-1.5b"}).config)
-    rows = {
-        optimizer: gpu_step.build_row(
-            gpu_step.parse_args([*ARGS, "--tier", "off", "--optimizer", optimizer]),
-            config,
-            MEASURED,
-            "NVIDIA H200",
-            {"torch": "x"},
-        )
-        for optimizer in ("adamw", "adamw_fused")
-    }
-    assert {workload_of(row)["optimizer"] for row in rows.values()} == set(rows)
+    rows = _off_rows("optimizer", ("adamw", "adamw_fused"))
     foreach, fused = rows["adamw"]["predicted"], rows["adamw_fused"]["predicted"]
     adapters = 2 * 4 * 28  # A and B of q, k, v, o in qwen2.5-1.5b's 28 layers
     assert (fused["allocated_mib"] - foreach["allocated_mib"]) * 2**20 == 512 * adapters
