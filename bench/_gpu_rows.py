@@ -25,6 +25,8 @@ SHARED_CANDIDATES: Final = tuple(
 SHARED_ROWS: Final = next((p for p in SHARED_CANDIDATES if p.is_dir()), SHARED_CANDIDATES[0])
 LOCAL_ROWS: Final = ROOT / "bench" / "data"
 REPEAT: Final = re.compile(r"-r\d+\.json$")
+# The shared rows' harness's --optimizer names that differ from the workload's.
+HARNESS_OPTIMIZERS: Final = {"adam8bit": "adamw_8bit", "sgd-momentum": "sgd_momentum"}
 
 
 def load_rows(folders: Iterable[Path]) -> list[dict[str, Any]]:
@@ -87,16 +89,25 @@ def model_input(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def workload_of(row: dict[str, Any]) -> dict[str, Any]:
-    """The estimate's workload for the recipe a row was measured with."""
+    """The estimate's workload for the recipe a row was measured with.
+
+    The shared rows' harness (``measure.py``) names its options its own way: no LoRA
+    rank is a full fine-tune, ``adam8bit`` / ``sgd-momentum`` are the workload's
+    ``adamw_8bit`` / ``sgd_momentum``, and its AdamW with fp32 optimizer states casts a
+    full fine-tune's parameters to fp32, so the whole step runs in fp32."""
     run = row["run"]
     quantized = run.get("quantization", "none") not in ("none", None)
+    full = not quantized and run.get("lora_rank") is None
+    named = run.get("optimizer", "adamw")
+    optimizer = HARNESS_OPTIMIZERS.get(named, named)
+    fp32 = full and optimizer == "adamw" and run.get("optimizer_dtype", "fp32") == "fp32"
     workload: dict[str, Any] = {
         "seq_len": int(run["seq_len"]),
         "micro_batch_size": int(run["batch_size"]),
-        "dtype": run["precision"],
-        "method": "qlora" if quantized else run.get("method", "lora"),
-        "attention": "eager" if run["kernel"] == "eager" else "sdpa",
-        "optimizer": run.get("optimizer", "adamw"),
+        "dtype": "fp32" if fp32 else run["precision"],
+        "method": "qlora" if quantized else "full" if full else run.get("method", "lora"),
+        "attention": _attention(run),
+        "optimizer": optimizer,
         "double_quant": bool(run.get("double_quant", False)),
         "gradients": run.get("gradients", "set_to_none"),
         "padded": bool(run.get("padded", False)),
@@ -111,6 +122,13 @@ def workload_of(row: dict[str, Any]) -> dict[str, Any]:
         workload["lora_rank"] = int(run["lora_rank"])
         workload["lora_targets"] = list(run["lora_targets"])
     return workload
+
+
+def _attention(run: dict[str, Any]) -> str:
+    """eager, sdpa (the harness's "flash" kernel on sm75: memory-efficient SDPA) or FA2."""
+    if run.get("attn_impl") == "flash_attention_2":
+        return "flash_attention_2"
+    return "eager" if run["kernel"] == "eager" else "sdpa"
 
 
 def tier_of(row: dict[str, Any]) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from bench import gpu_truth
-from bench._gpu_rows import SHARED_ROWS, load_rows, workload_of
+from bench._gpu_rows import SHARED_ROWS, estimate_row, load_rows, workload_of
 
 pytestmark = pytest.mark.skipif(
     not SHARED_ROWS.is_dir(), reason=f"no shared GPU rows at {SHARED_ROWS}"
@@ -75,3 +75,27 @@ def test_rows_map_to_the_recipe_they_were_measured_with(rows: list[dict]) -> Non
         assert workload["dtype"] == "fp16"
         assert workload["double_quant"] is False
         assert workload["method"] in ("lora", "qlora")
+
+
+@pytest.mark.parametrize(
+    ("run", "expected"),
+    [
+        # measure.py --no-lora: no rank; its fp32-state AdamW casts every parameter to fp32
+        ({"lora_rank": None, "optimizer": "adamw"}, {"method": "full", "dtype": "fp32"}),
+        ({"lora_rank": None, "optimizer": "sgd"}, {"method": "full", "dtype": "bf16"}),
+        ({"optimizer": "adam8bit"}, {"method": "lora", "optimizer": "adamw_8bit"}),
+        ({"optimizer": "sgd-momentum"}, {"optimizer": "sgd_momentum"}),
+        ({"kernel": "flash", "attn_impl": "flash_attention_2"}, {"attention": "flash_attention_2"}),
+        ({"kernel": "flash", "attn_impl": "sdpa"}, {"attention": "sdpa"}),
+    ],
+)
+def test_the_harness_options_map_to_the_workload(
+    rows: list[dict], run: dict, expected: dict
+) -> None:
+    """Rows of the shared rows' harness with the options no shared row uses (a held-out
+    row may): each maps to the recipe it ran, and the estimate takes it."""
+    base = next(row for row in rows if row["run"]["quantization"] == "none")
+    row = {**base, "run": {**base["run"], "precision": "bf16", **run}}
+    workload = workload_of(row)
+    assert {key: workload[key] for key in expected} == expected
+    assert estimate_row(row)["allocated_bytes"] > 0

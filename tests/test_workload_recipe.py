@@ -215,3 +215,21 @@ def test_a_fused_adamw_step_holds_no_temporary() -> None:
     lowered = peaks["adamw"][2] - peaks["adamw_fused"][2]
     embedding = 128256 * 2048 * 2  # bf16, tied: the gradient's sum holds two more
     assert lowered == pytest.approx(static.gradients - 2 * embedding, rel=1e-2)
+
+
+def test_sgd_momentum_keeps_one_buffer_per_parameter() -> None:
+    """torch's SGD with momentum makes one buffer per parameter at its first step (a clone
+    of the gradient, in its dtype); without momentum, none.  A full fine-tune's peak then
+    holds one more parameter-sized copy, in the closed form and the replay alike."""
+    peaks = {}
+    for optimizer in ("sgd", "sgd_momentum"):
+        run = run_for(seq_len=512, method="full", optimizer=optimizer)
+        assert run.recipe.trace is not None
+        closed = tier_memory(run.facts.arch, run.step, "full", run.static, run.recipe, replay=False)
+        replayed = simulate(run.facts.arch, "full", run.recipe.trace)[0]
+        peaks[optimizer] = (closed.allocated_bytes, replayed, run.static)
+    momentum = peaks["sgd_momentum"][2]
+    assert momentum.optimizer == momentum.gradients and peaks["sgd"][2].optimizer == 0
+    assert peaks["sgd_momentum"][0] - peaks["sgd"][0] == momentum.gradients
+    grown = peaks["sgd_momentum"][1] - peaks["sgd"][1]
+    assert grown == pytest.approx(momentum.gradients, rel=1e-3)  # plus the pool's rounding

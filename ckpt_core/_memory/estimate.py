@@ -83,7 +83,8 @@ ASSUMPTIONS: Final[dict[str, str]] = {
     "optimizer": "adamw 2 states (torch's foreach step holds one more parameter-sized "
     "temporary); adamw_fused 2 states and an fp32 step count per parameter on the GPU, no "
     "temporary (torch.optim.AdamW(fused=True), HF Trainer's adamw_torch_fused); adamw_8bit "
-    "2 B + fp32 absmax per 256 values per state; sgd momentum 0",
+    "2 B + fp32 absmax per 256 values per state; sgd no state (momentum 0); sgd_momentum "
+    "one momentum buffer per parameter, in its dtype",
     "gradients": "set_to_none: created during backward, freed by zero_grad(set_to_none=True); "
     "accumulate: allocated all step",
     "logits": "logits_held: the step's output (its logits) stays referenced until the step "
@@ -203,11 +204,23 @@ def _weight_bytes(layout: ParamLayout, workload: Workload, kept: list[Linear], w
     return int(quantized * per_weight) + fixed
 
 
+# State tensors each optimizer makes per parameter at its first step.
+OPTIMIZER_STATES: Final[dict[str, int]] = {
+    "adamw": 2,
+    "adamw_fused": 2,
+    "adamw_8bit": 2,
+    "sgd": 0,
+    "sgd_momentum": 1,
+}
+
+
 def optimizer_bytes_per_parameter(optimizer: str, param_bytes: int) -> float:
     if optimizer in ("adamw", "adamw_fused"):
         return 2 * param_bytes
     if optimizer == "adamw_8bit":
         return 2 * ADAM8_BYTES_PER_STATE
+    if optimizer == "sgd_momentum":
+        return param_bytes
     return 0.0
 
 
@@ -255,6 +268,7 @@ def recipe_for(
         state_bytes=state_ratio,
         foreach_temp=workload.optimizer == "adamw",
         device_steps=workload.optimizer == "adamw_fused",
+        optimizer_states=OPTIMIZER_STATES[workload.optimizer],
         accumulate=workload.gradients == "accumulate",
         blas_workspace=blas_workspace,
         fp16=workload.dtype == "fp16",

@@ -33,10 +33,11 @@ class TraceRecipe:
     lora_rank: int
     adapted: frozenset[str]
     logits: int  # LM head output bytes, 0 when the output is dropped before backward
-    state_bytes: float  # optimizer state bytes (both states) per byte of trainable parameter
+    state_bytes: float  # optimizer state bytes (all states) per byte of trainable parameter
     foreach_temp: bool  # torch AdamW's foreach temporary
     accumulate: bool
     device_steps: bool = False  # fused AdamW keeps each parameter's step count on the GPU
+    optimizer_states: int = 2  # state tensors per parameter (AdamW's two, SGD momentum's one)
     eager_extra: bool = True  # CUDA softmax backward's fp32 grad * output temporary
     # The compute dtype is fp16, not bf16: CUDA's softmax upcasts fp16 scores inside its
     # kernel (bf16 ones are copied to fp32 first), and bitsandbytes' int8 matmul takes fp16.

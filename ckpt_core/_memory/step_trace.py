@@ -180,13 +180,15 @@ def _step(
     """One training step: forward, backward, ``optimizer.step()`` (making the states
     when ``states``), then the step's output is dropped."""
     held = _forward_backward(sim, arch, tier, recipe, recipe.blas_workspace if states else 0)
-    state = recipe.state_bytes / 2
-    if states and state:  # AdamW makes exp_avg and exp_avg_sq at its first step
+    count = recipe.optimizer_states
+    if states and count and recipe.state_bytes:
+        # At its first step AdamW makes exp_avg and exp_avg_sq, SGD its momentum buffer.
+        state = recipe.state_bytes / count
         for size in trainable:
             if recipe.device_steps:  # the fused step's `state["step"]`, fp32 on the device
                 sim.new(4)
-            sim.new(int(size * state))
-            sim.new(int(size * state))
+            for _ in range(count):
+                sim.new(int(size * state))
     if recipe.foreach_temp:
         sim.drop(*[sim.new(size) for size in trainable])
     sim.drop(*held)

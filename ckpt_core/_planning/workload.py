@@ -17,7 +17,7 @@ from ckpt_core._errors import InvalidWorkloadError
 Dtype = Literal["bf16", "fp16", "fp32"]
 WeightStorage = Literal["bf16", "fp16", "fp32", "int8", "nf4"]
 Method = Literal["full", "lora", "qlora"]
-Optimizer = Literal["adamw", "adamw_fused", "adamw_8bit", "sgd"]
+Optimizer = Literal["adamw", "adamw_fused", "adamw_8bit", "sgd", "sgd_momentum"]
 Attention = Literal["sdpa", "flash_attention_2", "eager"]
 KbitPreparation = Literal["peft", "none"]
 Compute = Literal["loaded", "autocast"]
@@ -30,7 +30,7 @@ Offload = Literal["none", "optimizer", "all"]
 DTYPES: Final[tuple[str, ...]] = ("bf16", "fp16", "fp32")
 WEIGHT_STORAGES: Final[tuple[str, ...]] = ("bf16", "fp16", "fp32", "int8", "nf4")
 METHODS: Final[tuple[str, ...]] = ("full", "lora", "qlora")
-OPTIMIZERS: Final[tuple[str, ...]] = ("adamw", "adamw_fused", "adamw_8bit", "sgd")
+OPTIMIZERS: Final[tuple[str, ...]] = ("adamw", "adamw_fused", "adamw_8bit", "sgd", "sgd_momentum")
 ATTENTIONS: Final[tuple[str, ...]] = ("sdpa", "flash_attention_2", "eager")
 KBIT_PREPARATIONS: Final[tuple[str, ...]] = ("peft", "none")
 COMPUTES: Final[tuple[str, ...]] = ("loaded", "autocast")
