@@ -54,17 +54,31 @@ def load_rows(folders: Iterable[Path]) -> list[dict[str, Any]]:
     return rows
 
 
+# A row without a model_type: its family from the model's name, most specific first.
+NAMED_TYPES: Final = (
+    ("gemma-3", "gemma3_text"),
+    ("gemma-2", "gemma2"),
+    ("gemma", "gemma"),
+    ("phi-3", "phi3"),
+    ("phi-4", "phi3"),  # Phi-4 and Phi-4-mini are Phi3ForCausalLM
+    ("qwen3", "qwen3"),
+    ("qwen", "qwen2"),
+    ("ministral", "ministral"),
+    ("mistral", "mistral"),
+    ("smollm3", "smollm3"),
+    ("olmo-2", "olmo2"),
+    ("granite", "granite"),
+)
+
+
 def model_type(row: dict[str, Any]) -> str:
-    """The transformers model_type of a row (given, or from the model's name)."""
+    """The transformers model_type of a row (given, or from the model's name; Llama's
+    for Llama 3.2, TinyLlama, SmolLM2, deepseek-coder and other Llama-style models)."""
     given = row["run"].get("model_type") or row["model_config"].get("model_type")
     if given:
         return str(given)
-    name = row["model_config"]["name"].lower()
-    if "qwen" in name:
-        return "qwen2"
-    if "mistral" in name:
-        return "mistral"
-    return "llama"  # Llama 3.2, TinyLlama, SmolLM2, deepseek-coder
+    name = row["model_config"]["name"].lower().replace("_", "-")
+    return next((kind for part, kind in NAMED_TYPES if part in name), "llama")
 
 
 def model_input(row: dict[str, Any]) -> dict[str, Any]:
@@ -147,11 +161,23 @@ def gpu_of(row: dict[str, Any]) -> str | None:
 
 
 def estimate_row(row: dict[str, Any], budget_bytes: int | None = None) -> dict[str, Any]:
-    """The estimate's tier entry for the row (allocated, peak, verdict against a budget)."""
+    """The estimate's tier entry for the row (allocated, peak, verdict against a budget).
+
+    LoRA targets the model has no linear for are dropped, as PEFT drops them when
+    another target matches (the harness's q / k / v / o on Phi-3 adapt its o_proj)."""
     from ckpt_core._memory.advise import estimate_tiers
     from ckpt_core._memory.inputs import model_facts, parse_workload, prepare
+    from ckpt_core._memory.param_layout import matches_target
 
-    workload = parse_workload({**workload_of(row), "headroom": 0.0})
-    run = prepare(model_facts(model_input(row)), workload, gpu_of(row))
+    facts = model_facts(model_input(row))
+    fields = {**workload_of(row), "headroom": 0.0}
+    if "lora_targets" in fields:
+        names = [linear.name for linear in facts.layout.linears]
+        fields["lora_targets"] = [
+            target
+            for target in fields["lora_targets"]
+            if any(matches_target(name, target) for name in names)
+        ]
+    run = prepare(facts, parse_workload(fields), gpu_of(row))
     memory_gib = None if budget_bytes is None else budget_bytes / (1 << 30)
     return estimate_tiers(run, memory_gib)["tiers"][tier_of(row)]
