@@ -10,6 +10,7 @@ import ckpt_core
 LANDS = {
     "T4": "full",
     "V100-16GB": "full",
+    "P100-16GB": "full",
     "L4": "full",
     "A10": "full",
     "A10G": "full",
@@ -53,6 +54,7 @@ def test_the_table_covers_the_issue_list() -> None:
         ("NVIDIA GeForce RTX 4090", "RTX 4090"),
         ("rtx-3090", "RTX 3090"),
         ("Tesla T4", "T4"),
+        ("Tesla P100-PCIE-16GB", "P100-16GB"),
         ("AMD Instinct MI300X", "MI300X"),
         ("  h200 ", "H200"),
     ],

@@ -45,6 +45,13 @@ GPUS: Final[tuple[GpuSpec, ...]] = (
         ("Tesla V100-SXM2-16GB", "Tesla V100-PCIE-16GB"),
         "torch repr",
     ),
+    GpuSpec(
+        "P100-16GB",
+        16,
+        16280 * _MIB,
+        ("Tesla P100-PCIE-16GB",),
+        "torch repr (Colab and Kaggle captures, torch 1.5 to 1.8)",
+    ),
     GpuSpec("L4", 24, 22478 * _MIB, ("NVIDIA L4",), "deviceQuery, thamada/nvidia-smi gls/L4"),
     GpuSpec("A10", 24, 22516 * _MIB, ("NVIDIA A10",), "deviceQuery, detect-gpu#3"),
     GpuSpec("A10G", 24, 22587 * _MIB, ("NVIDIA A10G",), "torch repr, NVIDIA/DCGM#232"),
