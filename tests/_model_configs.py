@@ -226,6 +226,17 @@ STARCODER2: Final = (
     ("rope_scaling", None),
 )
 
+# Command R on Llama 3.2 1B's sizes: one fp32 LayerNorm per block read by the attention
+# and the MLP in parallel, biases on q / k / v / o, q / k norms with a weight per head.
+COHERE: Final = (
+    ("model_type", "cohere"),
+    ("architectures", ["CohereForCausalLM"]),
+    ("attention_bias", True),
+    ("use_qk_norm", True),
+    ("logit_scale", 0.0625),
+    ("rope_scaling", None),
+)
+
 # Gemma (1) on Llama 3.2 1B's sizes, with Gemma's wide heads (heads x head_dim = twice the
 # hidden size, as Gemma 7B's 16 x 256 against 3072): Llama's layer with Gemma's norms,
 # GeGLU and scaled, tied embeddings.

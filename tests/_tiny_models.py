@@ -168,6 +168,11 @@ _SPECS: dict[str, _Spec] = {
     "ernie4_5": _Spec(
         "Ernie4_5Config", "Ernie4_5ForCausalLM", {**_DECODER, "head_dim": 8, "use_bias": True}
     ),
+    "cohere": _Spec(
+        "CohereConfig",
+        "CohereForCausalLM",
+        {**_DECODER, "attention_bias": True, "use_qk_norm": True},
+    ),
     "starcoder2": _Spec(
         "Starcoder2Config",
         "Starcoder2ForCausalLM",

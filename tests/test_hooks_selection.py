@@ -43,6 +43,7 @@ STACKS: dict[str, dict[str, tuple[str, ...]]] = {
     "glm4": _DECODER,
     "glm": _DECODER,
     "starcoder2": _DECODER,
+    "cohere": _DECODER,
     "hunyuan_v1_dense": _DECODER,
     "gpt_oss": _DECODER,
     "gpt2": {"transformer.h": ("attn",)},

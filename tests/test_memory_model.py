@@ -25,6 +25,7 @@ from ckpt_core._memory.inputs import Run, model_facts, parse_workload, prepare
 from ckpt_core._memory.ledger import Step
 from ckpt_core._meta.measure import measure_activation_bytes
 from tests._model_configs import (
+    COHERE,
     DEEPSEEK_V2_GROUPED,
     DEEPSEEK_V2_LITE,
     DEEPSEEK_V3,
@@ -330,6 +331,7 @@ CONFIGS = {
             SEED_OSS,
             ERNIE4_5,
             STARCODER2,
+            COHERE,
         )
     },
 }
@@ -712,6 +714,7 @@ def test_a_valid_sliding_window_is_estimated() -> None:
         ("glm4", 0.0),
         ("glm", 0.0),
         ("starcoder2", 0.0),
+        ("cohere", 0.0),
         ("hunyuan_v1_dense", 0.0),
         ("gemma", 0.0),
         ("deepseek_v3", 0.0),

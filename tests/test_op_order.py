@@ -11,6 +11,7 @@ from ckpt_core._configs.presets import load_preset
 from ckpt_core._memory.inputs import model_facts, parse_workload, prepare
 from ckpt_core._memory.verdict import CLOSED_FORM_BANDS, tight_band
 from tests._model_configs import (
+    COHERE,
     EXAONE4,
     GEMMA,
     GLM,
@@ -82,18 +83,29 @@ def test_the_replay_allocates_what_the_real_op_order_does(case: Case) -> None:
     assert reserved == pytest.approx(real_reserved, rel=0.03)
 
 
-@pytest.mark.parametrize("tier", ["off", "selective"])
-def test_starcoder2_replayed_as_llamas_block_stays_within_its_band(tier: str) -> None:
+@pytest.mark.parametrize(
+    ("overrides", "method", "tier"),
+    [
+        (STARCODER2, "full", "off"),
+        (STARCODER2, "full", "selective"),
+        (COHERE, "lora", "full"),  # its pool's furthest from the real order's
+    ],
+    ids=["starcoder2-off", "starcoder2-selective", "cohere-full"],
+)
+def test_a_model_replayed_as_llamas_block_stays_within_its_band(
+    overrides: tuple[tuple[str, Any], ...], method: str, tier: str
+) -> None:
     """StarCoder2 (LayerNorms, a GELU MLP, biases, dropout on the embeddings and each
-    branch) is replayed as Llama's block at its sizes: its allocated peak comes from the
-    closed form, equal to the real order's within 0.2%; its pool may miss by more than
-    a replayed model's, within the band its verdicts get (`CLOSED_FORM_BANDS`)."""
-    case = Case("llama-3.2-1b", "full", "bf16", "sdpa", tier, 2, 1024, overrides=STARCODER2)
+    branch) and Command R (one fp32 LayerNorm, attention and MLP in parallel) are
+    replayed as Llama's block at their sizes: their allocated peak comes from the closed
+    form, equal to the real order's within 0.2%; their pool may miss by more than a
+    replayed model's, within the band their verdicts get (`CLOSED_FORM_BANDS`)."""
+    case = Case("llama-3.2-1b", method, "bf16", "sdpa", tier, 2, 1024, overrides=overrides)
     allocated, reserved, workspace = estimate(case)
     real_allocated, real_reserved = replay(with_workspaces(record(case), workspace))
     assert allocated == pytest.approx(real_allocated, rel=0.002)
     assert reserved >= (1 - CLOSED_FORM_BANDS["fused"]) * real_reserved
-    config = {**load_preset("llama-3.2-1b"), **dict(STARCODER2)}
+    config = {**load_preset("llama-3.2-1b"), **dict(overrides)}
     run = prepare(model_facts({"config": config}), parse_workload({"seq_len": 1024}))
     assert tight_band(run.facts.arch, run.step) == CLOSED_FORM_BANDS["fused"]
 

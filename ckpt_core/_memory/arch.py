@@ -68,7 +68,7 @@ class Arch:
     fused_gate_up: bool = False
     qkv_bias: bool = False
     o_bias: bool = False  # o_proj's (some models bias q / k / v only)
-    norm: str = "rms"  # rms | rms_gemma | rms_olmo | layer | t5
+    norm: str = "rms"  # rms | rms_gemma | rms_olmo | layer | t5 | cohere
     qk_norm: str = ""  # "" | head | full
     # DeepSeek-V3's multi-head latent attention (MLA) when ``kv_lora_rank``: k and v are
     # projected up from a compressed latent, q too when ``q_lora_rank``; ``head_dim`` is
@@ -152,6 +152,9 @@ class Arch:
     falcon_norms: int = 0  # LayerNorms per Falcon block (1 or 2)
     bias: bool = False  # every linear has a bias (GPT-2, BERT, Falcon with bias=True)
     mlp_bias: bool = False  # Llama-style ``mlp_bias``
+    # Cohere: the attention and the MLP both read the one normed input, summed with the
+    # residual (one norm per block).
+    parallel_block: bool = False
     # A non-gated MLP's two projections (StarCoder2's c_fc / c_proj).
     mlp_names: tuple[str, str] = ("up_proj", "down_proj")
     vision: Vision | None = None

@@ -103,10 +103,13 @@ def norm(
     rows: int,
     width: int,
     in_bytes: int = 0,
+    weight: int = 0,
 ) -> str:
     """A normalization of ``rows`` vectors of ``width`` in storage ``x``; returns the output.
 
-    ``in_bytes``: bytes per element of ``x`` when it differs from the dtype's.
+    ``in_bytes``: bytes per element of ``x`` when it differs from the dtype's;
+    ``weight``: elements of the norm's weight when not ``width`` (Cohere's q / k
+    norms have one per head).
     What each implementation's backward keeps (bf16 / fp16 runs; from an fp32
     input the upcast is the input itself):
 
@@ -116,7 +119,11 @@ def norm(
     - ``rms_olmo``: fp32 input, rstd, fp32 normalized value;
     - ``t5``: fp32 input for the variance, the input itself, rstd, the
       normalized value in the dtype;
-    - ``layer`` (``nn.LayerNorm``): the input, mean and rstd.
+    - ``layer`` (``nn.LayerNorm``): the input, mean and rstd;
+    - ``cohere`` (CohereLayerNorm, written out in fp32): ``x - mean`` twice (the
+      variance's ``pow`` keeps one, the product with rstd the other), rstd, the
+      weight's fp32 copy (for the input's gradient) and the normalized value (for
+      the weight's).
     """
     elem_bytes, n = step.dtype_bytes, rows * width
     in_bytes = in_bytes or elem_bytes
@@ -126,6 +133,14 @@ def norm(
         led.keep(x, in_bytes * n)
         led.keep(f"{tag}.mean", 4 * rows)
         led.keep(f"{tag}.rstd", 4 * rows)
+        return f"{tag}.out"
+    if kind == "cohere":
+        led.keep(f"{tag}.centered", 4 * n)
+        led.keep(f"{tag}.centered_again", 4 * n)
+        led.keep(f"{tag}.rstd", 4 * rows)
+        led.keep(f"{tag}.weight32", 4 * (weight or width))
+        if trained:
+            led.keep(f"{tag}.normed32", 4 * n)
         return f"{tag}.out"
     led.keep(upcast, 4 * n)
     led.keep(f"{tag}.rstd", 4 * rows)

@@ -124,8 +124,11 @@ def _param_layout(arch: Arch) -> ParamLayout:
         experts += moe * arch.experts * (2 * arch.moe_intermediate + h)
         router += moe * arch.experts
     norm_width = 2 * h if arch.norm == "layer" else h  # a LayerNorm's weight and bias
-    norms_per_block = {"gemma": 4, "olmo2": 2}.get(arch.sandwich, 2) * norm_width
+    norms = 1 if arch.parallel_block else {"gemma": 4, "olmo2": 2}.get(arch.sandwich, 2)
+    norms_per_block = norms * norm_width
     qk_norm = {"head": 2 * d, "full": q + kv}.get(arch.qk_norm, 0)
+    if arch.qk_norm == "head" and arch.norm == "cohere":  # a weight per head: (heads, d)
+        qk_norm = q + kv
     sinks = arch.heads if arch.attn_sinks else 0
     latent_norms = mla_norm_parameters(arch) if arch.kv_lora_rank else 0
     final_norm = norm_width
@@ -197,6 +200,9 @@ def _block(arch: Arch, step: Step, mode: BlockMode, kind: BlockKind) -> Ledger:
         mla_attention(led, arch, step, attn_in, sliding)
     else:
         _attention(led, arch, step, attn_in, sliding)
+    if arch.parallel_block:  # Cohere's MLP reads the attention's normed input too
+        glu_mlp(led, arch, step, attn_in)
+        return led
     # Residual dropout on each branch's output (Phi-3's in the layer, Seed-OSS's inside
     # self_attn, whose checkpoint recomputes it) keeps a mask.
     p = arch.hidden_dropout
@@ -245,8 +251,11 @@ def _attention(led: Ledger, arch: Arch, step: Step, x: str, sliding: bool) -> No
             linear(led, step, x, h, f"self_attn.{name}")
         q_raw, k_raw, v, v_bytes = "q_raw", "k_raw", "v", elem_bytes * tokens * kv
     if arch.qk_norm == "head":
-        norm(led, step, q_raw, "q_norm", kind=arch.norm, rows=tokens * arch.heads, width=d)
-        norm(led, step, k_raw, "k_norm", kind=arch.norm, rows=tokens * arch.kv_heads, width=d)
+        # Cohere's weight has a row per head; the others' one row of ``d``.
+        per_head = arch.norm == "cohere"
+        for raw, tag, heads in ((q_raw, "q_norm", arch.heads), (k_raw, "k_norm", arch.kv_heads)):
+            weight = heads * d if per_head else d
+            norm(led, step, raw, tag, kind=arch.norm, rows=tokens * heads, width=d, weight=weight)
     elif arch.qk_norm == "full":  # OLMo-2 normalizes the whole projections
         norm(led, step, q_raw, "q_norm", kind=arch.norm, rows=tokens, width=q)
         norm(led, step, k_raw, "k_norm", kind=arch.norm, rows=tokens, width=kv)
@@ -309,14 +318,14 @@ def _trace(arch: Arch) -> TraceModel:
 
 
 def _replayed_exactly(arch: Arch) -> bool:
-    """Every dense decoder but MLA's and LayerNorm's (StarCoder2: replayed as Llama's
-    block at their sizes) and those with residual dropout (not replayed); an MoE layer's
-    routing is not replayed."""
+    """Every dense decoder but MLA's, LayerNorm's and Cohere's (StarCoder2, Command R:
+    replayed as Llama's block at their sizes) and those with residual dropout (not
+    replayed); an MoE layer's routing is not replayed."""
     return (
         not arch.is_moe
         and not arch.kv_lora_rank
         and not arch.hidden_dropout
-        and arch.norm != "layer"
+        and arch.norm not in ("layer", "cohere")
     )
 
 
@@ -348,6 +357,7 @@ FAMILY = Family(
         "glm4",
         "glm",
         "starcoder2",
+        "cohere",
         "hunyuan_v1_dense",
         "gemma",
         "gemma2",

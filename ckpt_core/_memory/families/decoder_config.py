@@ -48,6 +48,9 @@ def _text_arch(config: Any, model_type: str) -> Arch:
     # StarCoder2: Llama's layer with LayerNorms, a GELU MLP (c_fc, c_proj), biases
     # everywhere (use_bias) and dropout on the embeddings and each branch's output.
     starcoder2 = model_type == "starcoder2"
+    # Command R: one CohereLayerNorm per block (fp32, no bias), the attention and MLP in
+    # parallel on it, biases on q / k / v / o with attention_bias, optional q / k norms.
+    cohere = model_type == "cohere"
     # ERNIE 4.5: fp32 cos / sin, interleaved into copies in every layer (as GLM-4's)
     ernie = model_type == "ernie4_5"
     # Qwen2MoeConfig sets the window to 0 without use_sliding_window; its model still
@@ -69,7 +72,7 @@ def _text_arch(config: Any, model_type: str) -> Arch:
     post_norms = olmo or model_type == "exaone4"  # EXAONE 4: OLMo-2's layout, Llama's norm
     # gpt-oss scales by its weight in fp32 before the cast back, as OLMo-2 does.
     norm = "rms_gemma" if gemma else "rms_olmo" if olmo or gpt_oss else "rms"
-    norm = "layer" if starcoder2 else norm
+    norm = "layer" if starcoder2 else "cohere" if cohere else norm
     bias_key = "qkv_bias" if qwen2_moe else "use_bias" if ernie or starcoder2 else "attention_bias"
     qkv_bias = model_type == "qwen2" or bool(getattr(config, bias_key, False))
     kv_heads = read_int(config, "num_key_value_heads", default=heads)
@@ -97,7 +100,7 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         o_bias=bool(getattr(config, "attention_out_bias", False))
         if seed
         else qkv_bias
-        if starcoder2
+        if starcoder2 or cohere
         else qkv_bias and model_type not in ("qwen2", "qwen2_moe", "glm4", "glm", "glm4_moe"),
         norm=norm,
         qk_norm=_qk_norm(config, model_type),
@@ -155,6 +158,7 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         else 0.0,
         mlp_bias=bool(getattr(config, "use_bias" if ernie or starcoder2 else "mlp_bias", False)),
         mlp_names=("c_fc", "c_proj") if starcoder2 else ("up_proj", "down_proj"),
+        parallel_block=cohere,
     )
 
 
@@ -217,6 +221,6 @@ def _qk_norm(config: Any, model_type: str) -> str:
     )
     if model_type in per_head:
         return "head"
-    if model_type == "glm4_moe" and getattr(config, "use_qk_norm", False):
+    if model_type in ("glm4_moe", "cohere") and getattr(config, "use_qk_norm", False):
         return "head"
     return "full" if model_type in ("olmo2", "olmo3", "olmoe") else ""
