@@ -237,6 +237,17 @@ COHERE: Final = (
     ("rope_scaling", None),
 )
 
+# Command R7B on Llama 3.2 1B's sizes: Command R's block without q / k norms, three
+# sliding layers in four, the global ones without RoPE.
+COHERE2: Final = (
+    ("model_type", "cohere2"),
+    ("architectures", ["Cohere2ForCausalLM"]),
+    ("sliding_window", 512),
+    ("sliding_window_pattern", 4),
+    ("layer_types", None),
+    ("rope_scaling", None),
+)
+
 # Gemma (1) on Llama 3.2 1B's sizes, with Gemma's wide heads (heads x head_dim = twice the
 # hidden size, as Gemma 7B's 16 x 256 against 3072): Llama's layer with Gemma's norms,
 # GeGLU and scaled, tied embeddings.

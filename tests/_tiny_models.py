@@ -173,6 +173,11 @@ _SPECS: dict[str, _Spec] = {
         "CohereForCausalLM",
         {**_DECODER, "attention_bias": True, "use_qk_norm": True},
     ),
+    "cohere2": _Spec(
+        "Cohere2Config",
+        "Cohere2ForCausalLM",
+        {**_DECODER, "sliding_window": 4, "sliding_window_pattern": 2},
+    ),
     "starcoder2": _Spec(
         "Starcoder2Config",
         "Starcoder2ForCausalLM",

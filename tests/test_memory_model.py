@@ -26,6 +26,7 @@ from ckpt_core._memory.ledger import Step
 from ckpt_core._meta.measure import measure_activation_bytes
 from tests._model_configs import (
     COHERE,
+    COHERE2,
     DEEPSEEK_V2_GROUPED,
     DEEPSEEK_V2_LITE,
     DEEPSEEK_V3,
@@ -332,6 +333,7 @@ CONFIGS = {
             ERNIE4_5,
             STARCODER2,
             COHERE,
+            COHERE2,
         )
     },
 }
@@ -715,6 +717,7 @@ def test_a_valid_sliding_window_is_estimated() -> None:
         ("glm", 0.0),
         ("starcoder2", 0.0),
         ("cohere", 0.0),
+        ("cohere2", 0.0),
         ("hunyuan_v1_dense", 0.0),
         ("gemma", 0.0),
         ("deepseek_v3", 0.0),

@@ -358,6 +358,7 @@ FAMILY = Family(
         "glm",
         "starcoder2",
         "cohere",
+        "cohere2",
         "hunyuan_v1_dense",
         "gemma",
         "gemma2",

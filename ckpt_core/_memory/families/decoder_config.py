@@ -49,8 +49,9 @@ def _text_arch(config: Any, model_type: str) -> Arch:
     # everywhere (use_bias) and dropout on the embeddings and each branch's output.
     starcoder2 = model_type == "starcoder2"
     # Command R: one CohereLayerNorm per block (fp32, no bias), the attention and MLP in
-    # parallel on it, biases on q / k / v / o with attention_bias, optional q / k norms.
-    cohere = model_type == "cohere"
+    # parallel on it, biases on q / k / v / o with attention_bias, optional q / k norms;
+    # Command R7B / A (cohere2) add sliding layers, the global ones without RoPE.
+    cohere = model_type in ("cohere", "cohere2")
     # ERNIE 4.5: fp32 cos / sin, interleaved into copies in every layer (as GLM-4's)
     ernie = model_type == "ernie4_5"
     # Qwen2MoeConfig sets the window to 0 without use_sliding_window; its model still
@@ -120,11 +121,13 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         scalar_multipliers=model_type == "granite",
         nope_layers=_nope_layers(config, model_type, window, sliding),
         query_scaling=getattr(config, "model_type", model_type) == "ministral3",
-        sliding_window=window if any(sliding) or model_type in ("ministral", "qwen2_moe") else None,
+        sliding_window=window
+        if any(sliding) or model_type in ("ministral", "qwen2_moe", "cohere2")
+        else None,
         sliding_layers=sliding,
-        # Ministral and Qwen2-MoE make both whatever; EXAONE 4 the full one whatever, the
-        # sliding one when a layer slides.
-        both_masks=model_type in ("ministral", "qwen2_moe")
+        # Ministral, Qwen2-MoE and Command R7B make both whatever; EXAONE 4 the full one
+        # whatever, the sliding one when a layer slides.
+        both_masks=model_type in ("ministral", "qwen2_moe", "cohere2")
         or (model_type == "exaone4" and any(sliding)),
         moe_layers=moe_layers,
         experts=experts if any(moe_layers) else 0,
@@ -187,9 +190,9 @@ def _shared_expert_intermediate(config: Any, model_type: str) -> int:
 def _nope_layers(
     config: Any, model_type: str, window: int | None, sliding: tuple[bool, ...]
 ) -> tuple[bool, ...]:
-    """Layers that apply no RoPE: SmolLM3's by ``no_rope_layers``; EXAONE 4's global
-    layers once the model has a sliding window."""
-    if model_type == "exaone4":
+    """Layers that apply no RoPE: SmolLM3's by ``no_rope_layers``; EXAONE 4's and
+    Command R7B's (cohere2) global layers once the model has a sliding window."""
+    if model_type in ("exaone4", "cohere2"):
         return tuple(window is not None and not slides for slides in sliding)
     return tuple(not use for use in getattr(config, "no_rope_layers", None) or ())
 
