@@ -248,6 +248,17 @@ COHERE2: Final = (
     ("rope_scaling", None),
 )
 
+# StableLM 2 on Llama 3.2 1B's sizes: LayerNorms with biases, biased q / k / v, RoPE on
+# the leading quarter of each head; and GPT-NeoX's parallel residual.
+STABLELM: Final = (
+    ("model_type", "stablelm"),
+    ("architectures", ["StableLmForCausalLM"]),
+    ("use_qkv_bias", True),
+    ("partial_rotary_factor", 0.25),
+    ("rope_scaling", None),
+)
+STABLELM_PARALLEL: Final = (*STABLELM, ("use_parallel_residual", True))
+
 # Gemma (1) on Llama 3.2 1B's sizes, with Gemma's wide heads (heads x head_dim = twice the
 # hidden size, as Gemma 7B's 16 x 256 against 3072): Llama's layer with Gemma's norms,
 # GeGLU and scaled, tied embeddings.

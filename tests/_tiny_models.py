@@ -178,6 +178,11 @@ _SPECS: dict[str, _Spec] = {
         "Cohere2ForCausalLM",
         {**_DECODER, "sliding_window": 4, "sliding_window_pattern": 2},
     ),
+    "stablelm": _Spec(
+        "StableLmConfig",
+        "StableLmForCausalLM",
+        {**_DECODER, "use_qkv_bias": True, "use_parallel_residual": True},
+    ),
     "starcoder2": _Spec(
         "Starcoder2Config",
         "Starcoder2ForCausalLM",

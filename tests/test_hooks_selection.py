@@ -45,6 +45,7 @@ STACKS: dict[str, dict[str, tuple[str, ...]]] = {
     "starcoder2": _DECODER,
     "cohere": _DECODER,
     "cohere2": _DECODER,
+    "stablelm": _DECODER,
     "hunyuan_v1_dense": _DECODER,
     "gpt_oss": _DECODER,
     "gpt2": {"transformer.h": ("attn",)},

@@ -55,6 +55,8 @@ from tests._model_configs import (
     QWEN2_MOE_SPARSE,
     SEED_OSS,
     SMOLLM3,
+    STABLELM,
+    STABLELM_PARALLEL,
     STARCODER2,
 )
 from tests._tiny_models import as_loaded, tiny_model
@@ -334,6 +336,7 @@ CONFIGS = {
             STARCODER2,
             COHERE,
             COHERE2,
+            STABLELM,
         )
     },
 }
@@ -697,6 +700,30 @@ def test_a_config_without_the_head_dim_its_attention_reads_is_a_config_error(
     assert raised.value.field == "model.config.head_dim"
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_stablelms_parallel_residual_is_estimated_as_measured(attention: str) -> None:
+    """GPT-NeoX's parallel residual (``use_parallel_residual``): one LayerNorm read by the
+    attention and the MLP; the parameter count and the kept bytes to the byte."""
+    model_input = {"config": {**load_preset("llama-3.2-1b"), **dict(STABLELM_PARALLEL)}}
+    model = build_meta_model(load_model_config(model_input), attention=attention)
+    facts = model_facts(model_input)
+    assert facts.arch.parallel_block
+    assert facts.layout.total == count_parameters(model)
+    shape = {"seq_len": 1024, "micro_batch_size": 2, "attention": attention}
+    run = prepare(facts, parse_workload(shape))
+    for tier in TIERS:
+        measured = measure_activation_bytes(model, tier, **shape)
+        assert activation_bytes(facts.arch, run.step, tier) == measured, tier
+
+
+@pytest.mark.parametrize(("field", "value"), [("qk_layernorm", True), ("hidden_dropout", 0.1)])
+def test_stablelms_undescribed_options_are_config_errors(field: str, value: object) -> None:
+    config = {**load_preset("llama-3.2-1b"), **dict(STABLELM), field: value}
+    with pytest.raises(ModelConfigError) as raised:
+        make_plan("auto", gpu="A100-80GB", model={"config": config}, workload={"seq_len": 64})
+    assert raised.value.field == f"model.config.{field}"
+
+
 def test_a_valid_sliding_window_is_estimated() -> None:
     config = {**load_preset("llama-3.2-1b"), "sliding_window": 32}
     plan = make_plan("auto", gpu="A100-80GB", model={"config": config}, workload={"seq_len": 64})
@@ -718,6 +745,7 @@ def test_a_valid_sliding_window_is_estimated() -> None:
         ("starcoder2", 0.0),
         ("cohere", 0.0),
         ("cohere2", 0.0),
+        ("stablelm", 0.0),
         ("hunyuan_v1_dense", 0.0),
         ("gemma", 0.0),
         ("deepseek_v3", 0.0),

@@ -359,6 +359,7 @@ FAMILY = Family(
         "starcoder2",
         "cohere",
         "cohere2",
+        "stablelm",
         "hunyuan_v1_dense",
         "gemma",
         "gemma2",

@@ -52,6 +52,11 @@ def _text_arch(config: Any, model_type: str) -> Arch:
     # parallel on it, biases on q / k / v / o with attention_bias, optional q / k norms;
     # Command R7B / A (cohere2) add sliding layers, the global ones without RoPE.
     cohere = model_type in ("cohere", "cohere2")
+    # StableLM (2): Llama's layer with LayerNorms, biased q / k / v, RoPE on a leading
+    # slice of each head, optionally GPT-NeoX's parallel residual.
+    stablelm = model_type == "stablelm"
+    if stablelm:
+        _check_stablelm(config)
     # ERNIE 4.5: fp32 cos / sin, interleaved into copies in every layer (as GLM-4's)
     ernie = model_type == "ernie4_5"
     # Qwen2MoeConfig sets the window to 0 without use_sliding_window; its model still
@@ -73,8 +78,9 @@ def _text_arch(config: Any, model_type: str) -> Arch:
     post_norms = olmo or model_type == "exaone4"  # EXAONE 4: OLMo-2's layout, Llama's norm
     # gpt-oss scales by its weight in fp32 before the cast back, as OLMo-2 does.
     norm = "rms_gemma" if gemma else "rms_olmo" if olmo or gpt_oss else "rms"
-    norm = "layer" if starcoder2 else "cohere" if cohere else norm
+    norm = "layer" if starcoder2 or stablelm else "cohere" if cohere else norm
     bias_key = "qkv_bias" if qwen2_moe else "use_bias" if ernie or starcoder2 else "attention_bias"
+    bias_key = "use_qkv_bias" if stablelm else bias_key
     qkv_bias = model_type == "qwen2" or bool(getattr(config, bias_key, False))
     kv_heads = read_int(config, "num_key_value_heads", default=heads)
     rotary_dim = _rotary_dim(config, head_dim)
@@ -102,7 +108,8 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         if seed
         else qkv_bias
         if starcoder2 or cohere
-        else qkv_bias and model_type not in ("qwen2", "qwen2_moe", "glm4", "glm", "glm4_moe"),
+        else qkv_bias
+        and model_type not in ("qwen2", "qwen2_moe", "glm4", "glm", "glm4_moe", "stablelm"),
         norm=norm,
         qk_norm=_qk_norm(config, model_type),
         qk_norm_after_rope=model_type == "hunyuan_v1_dense",
@@ -110,7 +117,7 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         sandwich="gemma" if sandwiched else "olmo2" if post_norms else "",
         rope_fp32=olmo or ernie,
         rope_per_kind=model_type in ("gemma3_text", "gemma3", "olmo3"),
-        rope_concat=model_type in ("phi3", "glm4", "glm", "glm4_moe", "gpt_oss"),
+        rope_concat=model_type in ("phi3", "glm4", "glm", "glm4_moe", "gpt_oss", "stablelm"),
         rotary_dim=rotary_dim,
         rope_interleaved=glm or ernie,
         rope_halves=gpt_oss,
@@ -161,8 +168,24 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         else 0.0,
         mlp_bias=bool(getattr(config, "use_bias" if ernie or starcoder2 else "mlp_bias", False)),
         mlp_names=("c_fc", "c_proj") if starcoder2 else ("up_proj", "down_proj"),
-        parallel_block=cohere,
+        parallel_block=cohere
+        or (stablelm and bool(getattr(config, "use_parallel_residual", False))),
     )
+
+
+def _check_stablelm(config: Any) -> None:
+    """StableLM's per-head q / k LayerNorms and its MLP-only dropout are not described:
+    an error, rather than an estimate that misses what they keep."""
+    if getattr(config, "qk_layernorm", False):
+        raise ModelConfigError(
+            "StableLM's qk_layernorm (a LayerNorm per head) is not described by the memory model",
+            field="model.config.qk_layernorm",
+        )
+    if float(getattr(config, "hidden_dropout", 0.0) or 0.0) > 0:
+        raise ModelConfigError(
+            "StableLM's hidden_dropout is not described by the memory model",
+            field="model.config.hidden_dropout",
+        )
 
 
 def _moe_layers(config: Any, layers: int) -> tuple[bool, ...]:
