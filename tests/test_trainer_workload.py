@@ -71,7 +71,6 @@ def test_the_trainers_defaults_and_flags_become_the_workload(tmp_path: Path) -> 
         ("adamw_torch_fused", "adamw_fused"),
         ("adamw_bnb_8bit", "adamw_8bit"),
         ("paged_adamw_8bit", "adamw_8bit"),
-        ("paged_adamw_32bit", "adamw_fused"),
         ("sgd", "sgd"),
     ],
 )

@@ -39,15 +39,16 @@ from ckpt_core._planning.workload import Workload
 __all__ = ["workload_from_training_arguments"]
 
 # TrainingArguments.optim -> Workload.optimizer (Trainer.get_optimizer_cls_and_kwargs).
-# bitsandbytes' paged AdamWs keep their large states in managed memory, which the
-# driver may page out under pressure: counted as resident, which is the safe side.
+# bitsandbytes' paged 8-bit AdamW keeps its large states in managed memory, which the
+# driver may page out under pressure: counted as resident, the safe side.  Its 32-bit
+# one keeps fp32 states whatever the parameters' dtype, which no workload optimizer
+# describes for half parameters: not mapped.
 OPTIM_NAMES: Final[dict[str, str]] = {
     "adamw_torch": "adamw",
     "adamw_torch_fused": "adamw_fused",
     "adamw_bnb_8bit": "adamw_8bit",
     "adamw_8bit": "adamw_8bit",
     "paged_adamw_8bit": "adamw_8bit",
-    "paged_adamw_32bit": "adamw_fused",  # two fp32 states, updated in place
     "sgd": "sgd",
 }
 _OFFLOAD_DEVICES: Final = ("cpu", "nvme")
