@@ -237,6 +237,8 @@ COHERE: Final = (
     ("rope_scaling", None),
 )
 
+COHERE_NO_QK: Final = tuple(item for item in COHERE if item[0] != "use_qk_norm")
+
 # Command R7B on Llama 3.2 1B's sizes: Command R's block without q / k norms, three
 # sliding layers in four, the global ones without RoPE.
 COHERE2: Final = (

@@ -12,6 +12,8 @@ from ckpt_core._memory.inputs import model_facts, parse_workload, prepare
 from ckpt_core._memory.verdict import CLOSED_FORM_BANDS, tight_band
 from tests._model_configs import (
     COHERE,
+    COHERE2,
+    COHERE_NO_QK,
     EXAONE4,
     GEMMA,
     GLM,
@@ -50,6 +52,8 @@ QWEN2_SLIDING = (("use_sliding_window", True), ("sliding_window", 512), ("max_wi
         Case("llama-3.2-1b", "lora", "bf16", "sdpa", "selective", 2, 1024, overrides=EXAONE4),
         Case("llama-3.2-1b", "full", "bf16", "sdpa", "medium", 2, 1024, overrides=GLM4),
         Case("llama-3.2-1b", "lora", "bf16", "eager", "selective", 2, 1024, overrides=GLM),
+        Case("llama-3.2-1b", "full", "bf16", "sdpa", "medium", 2, 1024, overrides=COHERE_NO_QK),
+        Case("llama-3.2-1b", "lora", "bf16", "eager", "full", 2, 1024, overrides=COHERE2),
         Case("llama-3.2-1b", "full", "bf16", "eager", "full", 2, 1024, overrides=HUNYUAN),
         Case("llama-3.2-1b", "full", "bf16", "eager", "selective", 2, 1024, overrides=GEMMA),
     ],
@@ -75,7 +79,9 @@ def test_the_replay_allocates_what_the_real_op_order_does(case: Case) -> None:
     it, and eager's masks, which nothing keeps without a checkpoint, dying with the
     model's forward; EXAONE 4's post-norms, q / k norms after the three projections and
     global layers without RoPE; GLM-4's sandwich norms and its RoPE on half of each
-    head from each layer's interleaved copies of cos and sin; Hunyuan's q / k norms on the
+    head from each layer's interleaved copies of cos and sin; Command R's fp32
+    LayerNorm read by the attention and the MLP in parallel, its RoPE in fp32 and its
+    scaled logits (R7B: sliding layers, global ones without RoPE); Hunyuan's q / k norms on the
     rotated q and k; Gemma (1)'s norms in Llama's layer, and no sliding mask."""
     allocated, reserved, workspace = estimate(case)
     real_allocated, real_reserved = replay(with_workspaces(record(case), workspace))
@@ -96,8 +102,8 @@ def test_a_model_replayed_as_llamas_block_stays_within_its_band(
     overrides: tuple[tuple[str, Any], ...], method: str, tier: str
 ) -> None:
     """StarCoder2 (LayerNorms, a GELU MLP, biases, dropout on the embeddings and each
-    branch) and Command R (one fp32 LayerNorm, attention and MLP in parallel) are
-    replayed as Llama's block at their sizes: their allocated peak comes from the closed
+    branch) is replayed as Llama's block at its sizes, and Command R with per-head q /
+    k norms as its own layer without them: their allocated peak comes from the closed
     form, equal to the real order's within 0.2%; their pool may miss by more than a
     replayed model's, within the band their verdicts get (`CLOSED_FORM_BANDS`)."""
     case = Case("llama-3.2-1b", method, "bf16", "sdpa", tier, 2, 1024, overrides=overrides)

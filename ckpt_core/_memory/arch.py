@@ -155,6 +155,7 @@ class Arch:
     # Cohere: the attention and the MLP both read the one normed input, summed with the
     # residual (one norm per block).
     parallel_block: bool = False
+    logit_scale: bool = False  # the LM head's output is scaled (Cohere: `logits * logit_scale`)
     # A non-gated MLP's two projections (StarCoder2's c_fc / c_proj).
     mlp_names: tuple[str, str] = ("up_proj", "down_proj")
     vision: Vision | None = None

@@ -244,7 +244,9 @@ def _forward_backward(
         param_grad=recipe.weights * arch.vocab * arch.hidden if recipe.full else 0,
         matmul=True,
     )
-    if arch.scalar_multipliers:  # GraniteForCausalLM: `logits / self.config.logits_scaling`
+    # GraniteForCausalLM: `logits / self.config.logits_scaling`; CohereForCausalLM:
+    # `logits * self.logit_scale`.
+    if arch.scalar_multipliers or arch.logit_scale:
         logits = scaled(sim, logits, head_bytes * vocab)
     if arch.final_softcap:  # Gemma2ForCausalLM.forward caps the logits before the loss
         logits = softcap(sim, logits, head_bytes * vocab)

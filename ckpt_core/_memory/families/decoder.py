@@ -27,6 +27,7 @@ from ckpt_core._memory.attention import (
     rope_products,
     rope_tables,
 )
+from ckpt_core._memory.cohere_trace import COHERE
 from ckpt_core._memory.costs import (
     BlockFlops,
     attention_block_flops,
@@ -306,6 +307,8 @@ _TRACES: dict[str, TraceModel] = {
     "exaone4": EXAONE4,
     "glm4": GLM4,
     "glm": GLM,
+    "cohere": COHERE,
+    "cohere2": COHERE,
 }
 
 
@@ -318,14 +321,15 @@ def _trace(arch: Arch) -> TraceModel:
 
 
 def _replayed_exactly(arch: Arch) -> bool:
-    """Every dense decoder but MLA's, LayerNorm's and Cohere's (StarCoder2, Command R:
-    replayed as Llama's block at their sizes) and those with residual dropout (not
-    replayed); an MoE layer's routing is not replayed."""
+    """Every dense decoder but MLA's, LayerNorm's (StarCoder2, StableLM) and Command R's
+    with q / k norms (replayed as Llama's block at their sizes) and those with residual
+    dropout (not replayed); an MoE layer's routing is not replayed."""
     return (
         not arch.is_moe
         and not arch.kv_lora_rank
         and not arch.hidden_dropout
-        and arch.norm not in ("layer", "cohere")
+        and arch.norm != "layer"
+        and not (arch.norm == "cohere" and arch.qk_norm)
     )
 
 

@@ -168,6 +168,7 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         else 0.0,
         mlp_bias=bool(getattr(config, "use_bias" if ernie or starcoder2 else "mlp_bias", False)),
         mlp_names=("c_fc", "c_proj") if starcoder2 else ("up_proj", "down_proj"),
+        logit_scale=cohere,
         parallel_block=cohere
         or (stablelm and bool(getattr(config, "use_parallel_residual", False))),
     )
