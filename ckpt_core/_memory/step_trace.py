@@ -18,9 +18,9 @@ Gemma 3 (`gemma_trace`: sandwich norms, Gemma 3's q / k norms, scaled
 embeddings, sliding-window masks, logit softcapping), OLMo-2
 (`olmo2_trace`: post-norms, full-width q / k norms, fp32 RoPE), EXAONE 4
 (`exaone4_trace`: post-norms, q / k norms per head, no RoPE on global layers)
-and GLM-4 (`glm4_trace`: sandwich norms, partial RoPE from interleaved copies;
-GLM: its attention in Llama's layer)
-are replayed as their own forward; the model's family chooses (`Family.trace`), and other
+GLM-4 (`glm4_trace`: sandwich norms, partial RoPE from interleaved copies;
+GLM: its attention in Llama's layer) and Command R (`cohere_trace`: an fp32
+norm read by parallel attention and MLP) are replayed as their own forward; the model's family chooses (`Family.trace`), and other
 families are replayed with the Llama block at their sizes.  Parameters a
 text-only step never runs (Gemma 3's vision tower) are loaded and never
 trained (`Family.idle_tensors`).
