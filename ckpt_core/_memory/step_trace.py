@@ -9,21 +9,21 @@ forward (checkpointed blocks keep their input only), the loss, backward
 AdamW holds one temporary per parameter for the denominator, the fused one
 none); gradients are freed by ``zero_grad(set_to_none=True)`` or kept
 (``accumulate``).
-Op by op, the buffers are those of transformers' Llama-style decoder block,
-the same forward `ckpt_core._memory.activations` writes down (norms upcast to fp32,
+Op by op, the buffers are those of transformers' Llama-style decoder block, the
+same forward `ckpt_core._memory.activations` writes down (norms upcast to fp32,
 q / k / v / o and the MLP projections with their LoRA adapters, RoPE, eager
-attention's scores and fp32 softmax or a fused kernel, SwiGLU), so the
-reserved pool (`CachingAllocator`) follows from the mechanism.  Gemma 2,
-Gemma 3 (`gemma_trace`: sandwich norms, Gemma 3's q / k norms, scaled
-embeddings, sliding-window masks, logit softcapping), OLMo-2
-(`olmo2_trace`: post-norms, full-width q / k norms, fp32 RoPE), EXAONE 4
-(`exaone4_trace`: post-norms, q / k norms per head, no RoPE on global layers)
-GLM-4 (`glm4_trace`: sandwich norms, partial RoPE from interleaved copies;
-GLM: its attention in Llama's layer) and Command R (`cohere_trace`: an fp32
-norm read by parallel attention and MLP) are replayed as their own forward; the model's family chooses (`Family.trace`), and other
-families are replayed with the Llama block at their sizes.  Parameters a
-text-only step never runs (Gemma 3's vision tower) are loaded and never
-trained (`Family.idle_tensors`).
+attention's scores and fp32 softmax or a fused kernel, SwiGLU), so the reserved
+pool (`CachingAllocator`) follows from the mechanism. Gemma 2, Gemma 3
+(`gemma_trace`: sandwich norms, Gemma 3's q / k norms, scaled embeddings,
+sliding-window masks, logit softcapping), OLMo-2 (`olmo2_trace`: post-norms,
+full-width q / k norms, fp32 RoPE), EXAONE 4 (`exaone4_trace`: post-norms, q /
+k norms per head, no RoPE on global layers), GLM-4 (`glm4_trace`: sandwich
+norms, partial RoPE from interleaved copies; GLM: its attention in Llama's
+layer) and Command R (`cohere_trace`: an fp32 norm read by parallel attention
+and MLP) are replayed as their own forward; the model's family chooses
+(`Family.trace`), and other families are replayed with the Llama block at their
+sizes. Parameters a text-only step never runs (Gemma 3's vision tower) are
+loaded and never trained (`Family.idle_tensors`).
 
 Pure Python; results cached per (architecture, step, tier, recipe).
 """
