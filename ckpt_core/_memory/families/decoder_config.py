@@ -104,12 +104,7 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         fused_qkv=model_type == "phi3",
         fused_gate_up=model_type == "phi3" or glm,
         qkv_bias=qkv_bias,
-        o_bias=bool(getattr(config, "attention_out_bias", False))
-        if seed
-        else qkv_bias
-        if starcoder2 or cohere
-        else qkv_bias
-        and model_type not in ("qwen2", "qwen2_moe", "glm4", "glm", "glm4_moe", "stablelm"),
+        o_bias=_o_bias(config, model_type, qkv_bias),
         norm=norm,
         qk_norm=_qk_norm(config, model_type),
         qk_norm_after_rope=model_type == "hunyuan_v1_dense",
@@ -172,6 +167,15 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         parallel_block=cohere
         or (stablelm and bool(getattr(config, "use_parallel_residual", False))),
     )
+
+
+def _o_bias(config: Any, model_type: str, qkv_bias: bool) -> bool:
+    """o_proj's bias: Seed-OSS's own flag; as q / k / v's, but for the models that bias
+    q / k / v only (Qwen2 and Qwen2-MoE, GLM, GLM-4 and 4.5, StableLM)."""
+    if model_type == "seed_oss":
+        return bool(getattr(config, "attention_out_bias", False))
+    only_qkv = ("qwen2", "qwen2_moe", "glm4", "glm", "glm4_moe", "stablelm")
+    return qkv_bias and model_type not in only_qkv
 
 
 def _check_stablelm(config: Any) -> None:
