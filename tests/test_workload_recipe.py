@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -193,43 +194,52 @@ def test_only_the_foreach_adamw_step_allocates_a_parameter_sized_temporary() -> 
     assert fused == []
 
 
+@dataclass(frozen=True)
+class _FullFineTunePeak:
+    """llama-3.2-1b full fine-tune at seq 512 with one optimizer, on the full tier."""
+
+    closed: int  # the closed form's allocated peak
+    replayed: int  # the replay's
+    moment: str  # the closed form's peaking moment
+    static: Any
+
+
+def _full_fine_tune_peak(optimizer: str) -> _FullFineTunePeak:
+    run = run_for(seq_len=512, method="full", optimizer=optimizer)
+    assert run.recipe.trace is not None
+    closed = tier_memory(run.facts.arch, run.step, "full", run.static, run.recipe, replay=False)
+    resident = run.static.total - run.static.gradients
+    moments = allocated_moments(run.facts.arch, run.step, "full", resident, run.recipe)
+    return _FullFineTunePeak(
+        closed=closed.allocated_bytes,
+        replayed=simulate(run.facts.arch, "full", run.recipe.trace)[0],
+        moment=max(moments, key=moments.__getitem__),
+        static=run.static,
+    )
+
+
 def test_a_fused_adamw_step_holds_no_temporary() -> None:
     """A full fine-tune at seq 512 peaks at the foreach step (weights, gradients, states
     and the temporary).  With the fused step the peak moves to the backward's last op,
     where llama-3.2-1b's tied embedding gradient is summed with the LM head's out of
     place: in the replay and the closed form alike, within 0.1%; the states are the same."""
-    peaks = {}
-    for optimizer in ("adamw", "adamw_fused"):
-        run = run_for(seq_len=512, method="full", optimizer=optimizer)
-        assert run.recipe.trace is not None
-        closed = tier_memory(run.facts.arch, run.step, "full", run.static, run.recipe, replay=False)
-        replayed = simulate(run.facts.arch, "full", run.recipe.trace)[0]
-        assert closed.allocated_bytes == pytest.approx(replayed, rel=1e-3)
-        resident = run.static.total - run.static.gradients
-        moments = allocated_moments(run.facts.arch, run.step, "full", resident, run.recipe)
-        peaks[optimizer] = (max(moments, key=moments.__getitem__), run.static, replayed)
-    assert peaks["adamw"][0] == "optimizer_step"
-    assert peaks["adamw_fused"][0] == "embedding_backward"
-    static = peaks["adamw"][1]
-    assert peaks["adamw_fused"][1].optimizer == static.optimizer
-    lowered = peaks["adamw"][2] - peaks["adamw_fused"][2]
+    foreach, fused = _full_fine_tune_peak("adamw"), _full_fine_tune_peak("adamw_fused")
+    for peak in (foreach, fused):
+        assert peak.closed == pytest.approx(peak.replayed, rel=1e-3)
+    assert (foreach.moment, fused.moment) == ("optimizer_step", "embedding_backward")
+    assert fused.static.optimizer == foreach.static.optimizer
     embedding = 128256 * 2048 * 2  # bf16, tied: the gradient's sum holds two more
-    assert lowered == pytest.approx(static.gradients - 2 * embedding, rel=1e-2)
+    lowered = foreach.replayed - fused.replayed
+    assert lowered == pytest.approx(foreach.static.gradients - 2 * embedding, rel=1e-2)
 
 
 def test_sgd_momentum_keeps_one_buffer_per_parameter() -> None:
     """torch's SGD with momentum makes one buffer per parameter at its first step (a clone
     of the gradient, in its dtype); without momentum, none.  A full fine-tune's peak then
     holds one more parameter-sized copy, in the closed form and the replay alike."""
-    peaks = {}
-    for optimizer in ("sgd", "sgd_momentum"):
-        run = run_for(seq_len=512, method="full", optimizer=optimizer)
-        assert run.recipe.trace is not None
-        closed = tier_memory(run.facts.arch, run.step, "full", run.static, run.recipe, replay=False)
-        replayed = simulate(run.facts.arch, "full", run.recipe.trace)[0]
-        peaks[optimizer] = (closed.allocated_bytes, replayed, run.static)
-    momentum = peaks["sgd_momentum"][2]
-    assert momentum.optimizer == momentum.gradients and peaks["sgd"][2].optimizer == 0
-    assert peaks["sgd_momentum"][0] - peaks["sgd"][0] == momentum.gradients
-    grown = peaks["sgd_momentum"][1] - peaks["sgd"][1]
-    assert grown == pytest.approx(momentum.gradients, rel=1e-3)  # plus the pool's rounding
+    plain, momentum = _full_fine_tune_peak("sgd"), _full_fine_tune_peak("sgd_momentum")
+    assert plain.static.optimizer == 0
+    assert momentum.static.optimizer == momentum.static.gradients
+    assert momentum.closed - plain.closed == momentum.static.gradients
+    grown = momentum.replayed - plain.replayed  # plus the pool's rounding
+    assert grown == pytest.approx(momentum.static.gradients, rel=1e-3)
