@@ -103,6 +103,20 @@ def test_what_has_no_memory_model_is_an_error_naming_it(
     assert error.value.field == field
 
 
+@pytest.mark.parametrize(
+    "overrides",
+    [{"optim": "adafactor"}, {"deepspeed": {"optimizer": {"type": "Lamb"}}}],
+)
+def test_an_optimizer_the_caller_names_needs_no_memory_model_of_the_arguments(
+    overrides: dict[str, Any],
+) -> None:
+    """What the error says to do works: the caller's optimizer is taken as given."""
+    read = workload_from_training_arguments(
+        _namespace(**overrides), seq_len=64, optimizer="adamw_fused"
+    )
+    assert read["optimizer"] == "adamw_fused"
+
+
 def test_an_object_that_is_not_training_arguments_is_refused() -> None:
     with pytest.raises(InvalidWorkloadError) as error:
         workload_from_training_arguments(SimpleNamespace(bf16=True), seq_len=64)

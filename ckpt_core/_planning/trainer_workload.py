@@ -58,7 +58,9 @@ def workload_from_training_arguments(args: Any, **workload: Any) -> dict[str, An
     """The workload (a dict for ``make_plan(workload=...)`` or the client) of a run with
     these ``TrainingArguments``; ``workload`` gives the rest and wins over what is read.
 
-    Raises `InvalidWorkloadError` (a ``ValueError``) naming the argument or field at fault.
+    Raises `InvalidWorkloadError` (a ``ValueError``) naming the argument or field at fault;
+    an optimizer the arguments name without a memory model here is no error when
+    ``workload`` says which optimizer it is.
     """
     read: dict[str, Any] = {
         "micro_batch_size": _attribute(args, "per_device_train_batch_size"),
@@ -67,15 +69,17 @@ def workload_from_training_arguments(args: Any, **workload: Any) -> dict[str, An
         else "fp16"
         if _attribute(args, "fp16")
         else "fp32",
-        "optimizer": _optimizer(args),
         "gradients": "accumulate"
         if _attribute(args, "gradient_accumulation_steps") > 1
         else "set_to_none",
         "world_size": _attribute(args, "world_size"),
     }
+    optimizer_given = "optimizer" in workload
+    if not optimizer_given:
+        read["optimizer"] = _optimizer(args)
     deepspeed = getattr(args, "deepspeed", None)
     if deepspeed:
-        read.update(_deepspeed(deepspeed))
+        read.update(_deepspeed(deepspeed, read_optimizer=not optimizer_given))
     elif getattr(args, "fsdp", None):
         read.update(_fsdp(args.fsdp, getattr(args, "fsdp_config", None) or {}))
     merged = {**read, **workload}
@@ -139,8 +143,9 @@ def _fsdp(fsdp: Any, config: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _deepspeed(config: Any) -> dict[str, Any]:
-    """ZeRO's stage and offload from a DeepSpeed config (a dict, or a JSON file's path)."""
+def _deepspeed(config: Any, *, read_optimizer: bool) -> dict[str, Any]:
+    """ZeRO's stage and offload from a DeepSpeed config (a dict, or a JSON file's path),
+    and its own optimizer when ``read_optimizer``."""
     if isinstance(config, str | os.PathLike):
         try:
             with open(config, encoding="utf-8") as file:
@@ -172,7 +177,7 @@ def _deepspeed(config: Any) -> dict[str, Any]:
         "offload": offload,
     }
     optimizer = config.get("optimizer")
-    if optimizer:  # DeepSpeed builds it and the Trainer's optim is not used
+    if optimizer and read_optimizer:  # DeepSpeed builds it: the Trainer's optim is not used
         kind = str(optimizer.get("type", "")).lower() if isinstance(optimizer, Mapping) else ""
         if kind not in ("adam", "adamw"):
             raise InvalidWorkloadError(
