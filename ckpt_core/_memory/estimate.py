@@ -215,13 +215,10 @@ OPTIMIZER_STATES: Final[dict[str, int]] = {
 
 
 def optimizer_bytes_per_parameter(optimizer: str, param_bytes: int) -> float:
-    if optimizer in ("adamw", "adamw_fused"):
-        return 2 * param_bytes
-    if optimizer == "adamw_8bit":
-        return 2 * ADAM8_BYTES_PER_STATE
-    if optimizer == "sgd_momentum":
-        return param_bytes
-    return 0.0
+    """Its states' bytes per parameter of ``param_bytes``: each state in the parameter's
+    dtype (torch's AdamW and SGD), or 8-bit with blockwise absmax (bitsandbytes')."""
+    per_state = ADAM8_BYTES_PER_STATE if optimizer == "adamw_8bit" else param_bytes
+    return OPTIMIZER_STATES[optimizer] * per_state
 
 
 def recipe_for(
