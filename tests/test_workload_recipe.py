@@ -243,3 +243,70 @@ def test_sgd_momentum_keeps_one_buffer_per_parameter() -> None:
     assert momentum.closed - plain.closed == momentum.static.gradients
     grown = momentum.replayed - plain.replayed  # plus the pool's rounding
     assert grown == pytest.approx(momentum.static.gradients, rel=1e-3)
+
+
+def _backward_allocations(accumulate: bool) -> tuple[float, list[tuple[str, float]]]:
+    """A tiny tied-embedding Llama's backward on CPU (torch profiler): what it leaves
+    allocated, and its allocations and frees of at least half an embedding, in
+    embeddings (fp32 vocab x hidden)."""
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=32000,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
+    model = LlamaForCausalLM(config)
+    embedding = config.vocab_size * config.hidden_size * 4
+    for param in model.parameters():
+        param.grad = torch.zeros_like(param) if accumulate else None
+    ids = torch.randint(0, config.vocab_size, (1, 16))
+    out = model(input_ids=ids, labels=ids)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out.loss.backward()
+    events = [event for event in prof.events() if event.self_cpu_memory_usage]
+    left = sum(event.self_cpu_memory_usage for event in events)
+    large = [
+        (event.name, round(event.self_cpu_memory_usage / embedding, 2))
+        for event in events
+        if abs(event.self_cpu_memory_usage) >= embedding // 2
+    ]
+    return left / embedding, large
+
+
+def test_accumulated_gradients_are_new_tensors_added_in_place() -> None:
+    """What ``gradients: accumulate`` assumes of torch: into an existing ``.grad`` a new
+    gradient is made, added in place and freed (AccumulateGrad); a tied weight's two
+    gradients are first summed out of place (the engine's input buffer).  So the last op
+    of a tied full fine-tune holds three embedding-sized tensors more than ``.grad``."""
+    left, large = _backward_allocations(accumulate=True)
+    assert abs(left) < 0.01  # nothing stays: every new gradient was added and freed
+    assert ("aten::add", 1.0) in large  # the tied weight's out-of-place sum
+    assert ("torch::autograd::AccumulateGrad", -1.0) in large  # the sum, freed
+    fresh_left, fresh = _backward_allocations(accumulate=False)
+    assert 1 <= fresh_left < 1.1  # set_to_none: the sum becomes .grad, beside small ones
+    assert all(name != "torch::autograd::AccumulateGrad" for name, _ in fresh)
+
+
+def test_accumulating_a_tied_full_fine_tune_holds_one_embedding_more() -> None:
+    """At the embedding's backward, accumulating: the LM head's new gradient (held since
+    its backward), the embedding's and their sum, beside every ``.grad``; with
+    ``set_to_none`` the sum is the ``.grad``.  One embedding-sized tensor more, in the
+    replay and the closed form alike (plain SGD, whose peak is that moment)."""
+    peaks = {}
+    for gradients in ("set_to_none", "accumulate"):
+        run = run_for(seq_len=512, method="full", optimizer="sgd", gradients=gradients)
+        assert run.recipe.trace is not None
+        closed = tier_memory(run.facts.arch, run.step, "full", run.static, run.recipe, replay=False)
+        replayed = simulate(run.facts.arch, "full", run.recipe.trace)[0]
+        assert closed.allocated_bytes == pytest.approx(replayed, rel=1e-3)
+        peaks[gradients] = replayed
+    embedding = 128256 * 2048 * 2
+    grown = peaks["accumulate"] - peaks["set_to_none"]
+    assert grown == pytest.approx(embedding, rel=1e-2)

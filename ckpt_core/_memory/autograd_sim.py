@@ -71,6 +71,8 @@ class Sim:
     graph: list[_Op | _Checkpoint] = field(default_factory=list)
     saving: bool = True
     accumulate: bool = False  # gradients allocated before the step and kept
+    # The backward's first weight gradient (a tied LM head's) is summed with a later one.
+    first_grad_shared: bool = False
     param_grads: list[int] = field(default_factory=list)  # gradient tensors of parameters
     # cuBLAS workspace autograd's device thread (a handle of its own) allocates at its
     # first matmul and keeps: 0 once allocated (`ckpt_core._memory.workspace`).
@@ -91,6 +93,8 @@ class Sim:
     _held: list[int] | None = None
     _recompute_held: list[int] = field(default_factory=list)
     _held_queue: list[int] = field(default_factory=list)
+    # Accumulating, the tied LM head's gradient waits in AccumulateGrad's input buffer.
+    _first_grad: int | None = None
 
     # --- tensors ---
     def new(self, size: int, grad: bool = False) -> int:
@@ -366,10 +370,10 @@ class Sim:
         if incoming:
             held = [self.new(size) for size in node.temporaries]
             weight_grad = None
-            if node.param_grad and not self.accumulate:
+            if node.param_grad:
                 weight_grad = self.new(node.param_grad)
-                if not node.shared_weight:
-                    self.param_grads.append(weight_grad)
+                if not node.shared_weight and not self.accumulate:
+                    self.param_grads.append(weight_grad)  # AccumulateGrad steals it as .grad
             # The generated backward functions compute the last input's gradient first
             # (BmmBackward0: mat2 before self; MulBackward0: other before self).
             for tid in reversed(node.inputs):
@@ -403,16 +407,37 @@ class Sim:
                 # it dies with the backward function's locals, before the engine frees the
                 # incoming gradient (torch/autograd/engine.cpp call_function).
                 self.drop(*node.saved, *incoming, *node.releases)
+                self._settle(node, weight_grad)
                 return
             self.drop(*incoming)
-            if node.shared_weight and weight_grad is not None:
-                self._sum_with_first_weight_grad(weight_grad)
+            self._settle(node, weight_grad)
         self.drop(*node.saved, *node.releases)
+
+    def _settle(self, node: _Op, grad: int | None) -> None:
+        """What AccumulateGrad does with a weight's gradient, right after the backward
+        function: a second gradient of one weight is summed with the first; into an
+        existing ``.grad`` (``accumulate``) it is added in place and freed - unless it is
+        the tied LM head's, which waits for the embedding's."""
+        if grad is None:
+            return
+        if node.shared_weight:
+            self._sum_with_first_weight_grad(grad)
+        elif self.accumulate:
+            if self.first_grad_shared and self._first_grad is None:
+                self._first_grad = grad
+            else:
+                self.drop(grad)
 
     def _sum_with_first_weight_grad(self, grad: int) -> None:
         """A second gradient of one weight, reaching its AccumulateGrad after the first:
         the engine's input buffer sums the two out of place (torch/csrc/autograd/
         input_buffer.cpp), then frees both; the sum becomes the weight's gradient."""
+        if self.accumulate:  # the sum is then added into .grad in place
+            first, self._first_grad = self._first_grad, None
+            assert first is not None, "a second gradient of a weight before its first"
+            total = self.new(self.size(grad))
+            self.drop(first, grad, total)
+            return
         first = self.param_grads[0]  # the LM head's backward ran first of all
         total = self.new(self.size(grad))
         self.param_grads[0] = total

@@ -86,7 +86,8 @@ ASSUMPTIONS: Final[dict[str, str]] = {
     "2 B + fp32 absmax per 256 values per state; sgd no state (momentum 0); sgd_momentum "
     "one momentum buffer per parameter, in its dtype",
     "gradients": "set_to_none: created during backward, freed by zero_grad(set_to_none=True); "
-    "accumulate: allocated all step",
+    "accumulate: allocated all step, each new gradient made, added in place and freed (a "
+    "tied weight's two summed first)",
     "logits": "logits_held: the step's output (its logits) stays referenced until the step "
     "ends, as `out = model(...); out.loss.backward()`",
     "allocated": "max over the step's moments (loss backward, each block's recompute and "

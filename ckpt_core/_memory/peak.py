@@ -77,12 +77,17 @@ def allocated_moments(
     if recipe.gradients_held:
         loss += recipe.gradients
         block_grads = recipe.gradients
+    # Accumulating, a tied LM head's new gradient waits for the embedding's (the input
+    # buffer of their AccumulateGrad) from the head's backward to the embedding's.
+    tied = recipe.head_gradients if arch.tied else 0
+    waiting = tied if recipe.gradients_held else 0
     block = (
         resident
         + activations
         - head_bytes(arch, step)
         + held
         + block_grads
+        + waiting
         + recomputed(arch, step, tier)
         + widest_gradients(arch, step)
         + _eager_extra(arch, step, recipe)
@@ -90,9 +95,13 @@ def allocated_moments(
     )
     optimizer = resident + recipe.gradients + held + recipe.optimizer_temporary
     # The backward's last op: a tied embedding's second gradient is summed with the LM
-    # head's out of place (the engine's input buffer) while every other gradient exists.
-    tied_sum = 2 * recipe.head_gradients if arch.tied and not recipe.gradients_held else 0
-    embedding = resident + recipe.gradients + held + tied_sum
+    # head's out of place (the engine's input buffer) while every other gradient exists;
+    # accumulating, the new gradients (the sum too) are added into .grad in place.
+    if recipe.gradients_held:
+        new_gradients = 3 * tied if arch.tied else recipe.head_gradients // 2
+    else:
+        new_gradients = 2 * tied
+    embedding = resident + recipe.gradients + held + new_gradients
     return {
         "loss_backward": loss,
         "block_backward": block,

@@ -59,6 +59,7 @@ def simulate(arch: Arch, tier: str, recipe: TraceRecipe) -> tuple[int, int]:
     sim = Sim()
     trainable = _load(sim, arch, recipe)
     sim.accumulate = recipe.accumulate
+    sim.first_grad_shared = recipe.full and arch.tied
     if recipe.accumulate:
         sim.param_grads = [sim.new(size) for size in trainable]
     _step(sim, arch, tier, recipe, trainable, states=True)  # the warm-up
