@@ -19,6 +19,7 @@ from ckpt_core._memory.inputs import model_facts, parse_workload, prepare
 from ckpt_core._memory.peak import allocated_moments
 from ckpt_core._memory.step_trace import simulate
 from ckpt_core._planning.workload import Workload
+from tests._tiny_models import tiny_model
 
 MODEL = {"preset": "llama-3.2-1b"}
 QLORA = {"seq_len": 1024, "method": "qlora", "dtype": "fp16", "lora_targets": ["q_proj", "v_proj"]}
@@ -250,19 +251,9 @@ def _backward_allocations(accumulate: bool) -> tuple[float, list[tuple[str, floa
     allocated, and its allocations and frees of at least half an embedding, in
     embeddings (fp32 vocab x hidden)."""
     from torch.profiler import ProfilerActivity, profile
-    from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=32000,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    )
-    model = LlamaForCausalLM(config)
+    model = tiny_model("llama", vocab_size=32000, tie_word_embeddings=True)
+    config = model.config
     embedding = config.vocab_size * config.hidden_size * 4
     for param in model.parameters():
         param.grad = torch.zeros_like(param) if accumulate else None
