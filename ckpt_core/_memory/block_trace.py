@@ -69,8 +69,11 @@ def fp32_scaled_norm(
     *,
     dtype: int,
     normed_is_local: bool,
+    normalize: Callable[..., int] = rms_normalized,
 ) -> int:
-    """An RMSNorm that scales by its weight in fp32, then casts back to x's ``dtype``.
+    """A norm that scales by its weight in fp32, then casts back to x's ``dtype``;
+    ``normalize(sim, x, rows, width, dtype=)`` makes the fp32 normalized value (an
+    RMSNorm's unless given: Cohere's LayerNorm passes its own).
 
     Gemma's ``output = output * (1.0 + self.weight.float()); return
     output.type_as(x)``: the rebinding frees the normalized value before the cast.
@@ -78,7 +81,7 @@ def fp32_scaled_norm(
     (``normed_is_local``): the normalized value lives until the return.  The fp32
     product dies after the cast.  The product saves the weight for the input's
     gradient, and the normalized value only for the weight's (full fine-tunes)."""
-    normed = rms_normalized(sim, x, rows, width, dtype=dtype)
+    normed = normalize(sim, x, rows, width, dtype=dtype)
     scaled = sim.op(
         [normed], 4 * rows * width, save=[normed] if recipe.full else [], saves_other=True
     )

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.autograd_sim import Sim
-from ckpt_core._memory.block_trace import attend, mlp, rope
+from ckpt_core._memory.block_trace import attend, fp32_scaled_norm, mlp, rope
 from ckpt_core._memory.layer_trace import projections
 from ckpt_core._memory.linear_trace import TraceRecipe
 from ckpt_core._memory.model_trace import Inputs, TraceModel, llama_prepare
@@ -25,10 +25,20 @@ def cohere_norm(
     sim: Sim, x: int, rows: int, width: int, recipe: TraceRecipe, *, dtype: int | None = None
 ) -> int:
     """CohereLayerNorm.forward on ``x`` (``dtype``: its bytes per element, the residual
-    stream's unless given): ``x.to(float32)``, its mean, ``(x - mean).pow(2).mean()``,
-    ``rsqrt(variance + eps)``, ``(x - mean) * rstd``, ``weight.float() * ...``, then
-    ``.to(input_dtype)``.  Each rebinding of ``hidden_states`` frees the value before."""
+    stream's unless given): `_centered`, then ``weight.float() * ...``,
+    whose rebinding frees the normalized value, then ``.to(input_dtype)``.  The
+    weight's fp32 copy (width x 4 B, kept for the input's gradient) is left out: a
+    small-pool block."""
     dtype = recipe.residual if dtype is None else dtype
+    return fp32_scaled_norm(
+        sim, x, rows, width, recipe, dtype=dtype, normed_is_local=False, normalize=_centered
+    )
+
+
+def _centered(sim: Sim, x: int, rows: int, width: int, *, dtype: int) -> int:
+    """``x.to(float32)``, its mean, ``(x - mean).pow(2).mean()``, ``rsqrt(variance +
+    eps)``, then ``(x - mean) * rstd``: ``x - mean`` is made twice, each kept by its
+    product; each rebinding of ``hidden_states`` frees the value before."""
     n = rows * width
     upcast = sim.op([x], 4 * n) if dtype != 4 else x
     mean = sim.op([upcast], 4 * rows)
@@ -46,14 +56,7 @@ def cohere_norm(
     sim.drop(centered, rstd, mean)
     if upcast != x:
         sim.drop(upcast)
-    # The weight's fp32 copy (width x 4 B, kept for the input's gradient) is left out:
-    # a small-pool block.
-    scaled = sim.op([normed], 4 * n, save=[normed] if recipe.full else [], saves_other=True)
-    sim.drop(normed)
-    out = sim.op([scaled], dtype * n) if dtype != 4 else scaled
-    if out != scaled:
-        sim.drop(scaled)
-    return out
+    return normed
 
 
 def _attention(
