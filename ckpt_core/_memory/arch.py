@@ -156,7 +156,7 @@ class Arch:
     # residual (one norm per block).
     parallel_block: bool = False
     logit_scale: bool = False  # the LM head's output is scaled (Cohere: `logits * logit_scale`)
-    # A non-gated MLP's two projections (StarCoder2's c_fc / c_proj).
+    # The MLP's input (without a gate) and output projections: StarCoder2's c_fc / c_proj.
     mlp_names: tuple[str, str] = ("up_proj", "down_proj")
     vision: Vision | None = None
     # The memory model's caches are keyed by the Arch; ``auto``'s search asks them

@@ -203,8 +203,7 @@ def mlp(sim: Sim, x: int, *, arch: Arch, recipe: TraceRecipe) -> int:
         up = linear(sim, x, f"mlp.{arch.mlp_names[0]}", (h, inter), recipe)
         product = sim.op([up], act * tokens * inter, save=[up])
         sim.drop(up)
-    down_name = arch.mlp_names[1] if not arch.glu and not arch.fused_gate_up else "down_proj"
-    down = linear(sim, product, f"mlp.{down_name}", (inter, h), recipe)
+    down = linear(sim, product, f"mlp.{arch.mlp_names[1]}", (inter, h), recipe)
     sim.drop(product, *chunks)
     return down
 

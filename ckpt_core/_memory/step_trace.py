@@ -83,7 +83,6 @@ def _linears(arch: Arch) -> list[tuple[str, int, int]]:
     up, down = arch.mlp_names
     if arch.fused_gate_up:
         mlp = [("mlp.gate_up_proj", h, 2 * inter)]
-        down = "down_proj"
     else:
         mlp = [("mlp.gate_proj", h, inter)] if arch.glu else []
         mlp.append((f"mlp.{up}", h, inter))

@@ -100,7 +100,7 @@ def _param_layout(arch: Arch) -> ParamLayout:
     if arch.fused_gate_up:
         mlp = [
             Linear("mlp.gate_up_proj", h, 2 * inter, dense),
-            Linear("mlp.down_proj", inter, h, dense),
+            Linear(f"mlp.{down}", inter, h, dense),
         ]
     else:
         gate = [Linear("mlp.gate_proj", h, inter, dense, mlp_bias)] if arch.glu else []
