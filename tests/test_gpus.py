@@ -14,15 +14,30 @@ LANDS = {
     "L4": "full",
     "A10": "full",
     "A10G": "full",
+    "RTX 2080 Ti": "full",
+    "RTX 3080-10GB": "full",
+    "RTX 3060-12GB": "full",
+    "RTX 3080 Ti": "full",
+    "RTX 4060 Ti-16GB": "full",
+    "RTX 4000 Ada": "full",
     "RTX 3090": "full",
     "RTX 4090": "full",
+    "RTX 3090 Ti": "full",
+    "RTX A5000": "full",
     "V100-32GB": "medium",
+    "RTX 5090": "medium",
     "A100-40GB": "medium",
+    "A40": "medium",
     "L40S": "medium",
     "RTX A6000": "medium",
+    "Quadro RTX 8000": "medium",
+    "RTX 6000 Ada": "medium",
     "A100-80GB": "medium",
     "H100-80GB": "medium",
     "H100-NVL": "selective",
+    "GH200": "selective",
+    "RTX PRO 6000 Blackwell": "selective",
+    "H20": "selective",
     "H200": "selective",
     "B200": "selective",
     "MI300X": "selective",
@@ -57,13 +72,17 @@ def test_the_table_covers_the_issue_list() -> None:
         ("Tesla P100-PCIE-16GB", "P100-16GB"),
         ("AMD Instinct MI300X", "MI300X"),
         ("  h200 ", "H200"),
+        ("NVIDIA RTX 6000 Ada Generation", "RTX 6000 Ada"),
+        ("NVIDIA GH200 480GB", "GH200"),
+        ("NVIDIA GeForce RTX 5090", "RTX 5090"),
+        ("GeForce RTX 2080 Ti", "RTX 2080 Ti"),
     ],
 )
 def test_names_as_torch_and_people_write_them(name: str, canonical: str) -> None:
     assert ckpt_core.lookup_gpu(name).name == canonical
 
 
-@pytest.mark.parametrize("name", ["A100", "H100", "V100", "RTX 5090", "", "   ", "80GB"])
+@pytest.mark.parametrize("name", ["A100", "H100", "V100", "RTX 9090", "", "   ", "80GB"])
 def test_ambiguous_or_unknown_names_are_errors(name: str) -> None:
     with pytest.raises(ckpt_core.UnknownGpuError, match="gpu") as raised:
         ckpt_core.lookup_gpu(name)
@@ -106,6 +125,19 @@ def test_an_ambiguous_name_lists_the_candidates(name: str, candidates: tuple[str
 
 
 def test_a_unique_prefix_is_a_question_not_a_guess() -> None:
-    # NVIDIA's H20 is a 96 GB card of its own: answering H200's memory would be wrong.
-    with pytest.raises(ckpt_core.UnknownGpuError, match="did you mean H200"):
-        ckpt_core.lookup_gpu("H20")
+    # torch names the 8 GB and the 12 GB RTX 3060 alike: answering 12 GB could be wrong.
+    with pytest.raises(ckpt_core.UnknownGpuError, match="did you mean RTX 3060-12GB"):
+        ckpt_core.lookup_gpu("NVIDIA GeForce RTX 3060")
+
+
+@pytest.mark.parametrize(
+    ("name", "canonical"),
+    [("H20", "H20"), ("H200", "H200"), ("NVIDIA GeForce RTX 4060 Ti", None)],
+)
+def test_a_name_is_never_taken_for_a_longer_one(name: str, canonical: str | None) -> None:
+    # H20 is a 96 GB card of its own, not an H200; the 4060 Ti comes in 8 and 16 GB.
+    if canonical is None:
+        with pytest.raises(ckpt_core.UnknownGpuError, match="did you mean RTX 4060 Ti-16GB"):
+            ckpt_core.lookup_gpu(name)
+    else:
+        assert ckpt_core.lookup_gpu(name).name == canonical

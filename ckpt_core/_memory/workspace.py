@@ -6,9 +6,9 @@ call and keeps it until ``torch._C._cuda_clearCublasWorkspaces()``
 training step holds two: the Python thread's, made at the forward's first
 matmul, and the one of autograd's CUDA device thread, made at the backward's
 first matmul.  The default size (no ``CUBLAS_WORKSPACE_CONFIG``) is ``:4096:8``
-= 32 MiB on compute capability 9.x and later (Hopper, Blackwell) and
-``:4096:2:16:8`` = 8.125 MiB before; ROCm's hipBLAS takes 128 MiB on gfx942
-(MI300X).  Pure arithmetic.
+= 32 MiB on compute capability 9, 10, 11 and 12 (Hopper, Blackwell: torch's
+current rule; older releases only 9.0) and ``:4096:2:16:8`` = 8.125 MiB before;
+ROCm's hipBLAS takes 128 MiB on gfx942 (MI300X).  Pure arithmetic.
 """
 
 from __future__ import annotations
@@ -24,8 +24,12 @@ MI300X: Final = 128 * 1024 * KIB
 _BY_GPU: Final[dict[str, int]] = {
     "H100-80GB": HOPPER_AND_LATER,
     "H100-NVL": HOPPER_AND_LATER,
+    "H20": HOPPER_AND_LATER,
+    "GH200": HOPPER_AND_LATER,
     "H200": HOPPER_AND_LATER,
     "B200": HOPPER_AND_LATER,
+    "RTX 5090": HOPPER_AND_LATER,  # compute capability 12.0
+    "RTX PRO 6000 Blackwell": HOPPER_AND_LATER,
     "MI300X": MI300X,
 }
 

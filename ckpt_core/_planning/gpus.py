@@ -33,7 +33,10 @@ class GpuSpec:
 # CUDA's deviceQuery, which reads the same field) on a recent Linux driver,
 # taken from public captures named in `source`.  The value moves by up to
 # ~300 MiB with driver version and ECC; no card in this table is that close to
-# a threshold (24 GiB = 24576 MiB, 80 GiB = 81920 MiB).
+# a threshold (24 GiB = 24576 MiB, 80 GiB = 81920 MiB).  Where captures of one
+# card differ, the smallest is taken (the safe side).  A name torch reports for
+# two memory sizes (RTX 3060, RTX 3080, RTX 4060 Ti) is no alias: the table's
+# name says which (``"RTX 3060-12GB"``).
 _MIB = 1 / 1024
 
 GPUS: Final[tuple[GpuSpec, ...]] = (
@@ -51,6 +54,42 @@ GPUS: Final[tuple[GpuSpec, ...]] = (
         16280 * _MIB,
         ("Tesla P100-PCIE-16GB",),
         "torch repr (Colab and Kaggle captures, torch 1.5 to 1.8)",
+    ),
+    GpuSpec(
+        "RTX 2080 Ti",
+        11,
+        10823 * _MIB,
+        ("NVIDIA GeForce RTX 2080 Ti", "GeForce RTX 2080 Ti"),
+        "deviceQuery on Linux, public issue threads (10823 to 11019 MiB by driver)",
+    ),
+    GpuSpec(
+        "RTX 3080-10GB",
+        10,
+        9987 * _MIB,
+        (),
+        "deviceQuery on Linux (nvidia-smi on the same machine: 10240 MiB)",
+    ),
+    GpuSpec(
+        "RTX 3060-12GB",
+        12,
+        12004 * _MIB,
+        (),
+        "deviceQuery on Linux, public issue threads (12004 to 12044 MiB by driver)",
+    ),
+    GpuSpec("RTX 3080 Ti", 12, 12045 * _MIB, ("NVIDIA GeForce RTX 3080 Ti",), "deviceQuery"),
+    GpuSpec(
+        "RTX 4060 Ti-16GB",
+        16,
+        16076 * _MIB,
+        (),
+        "deviceQuery, thamada/nvidia-smi package/RTX4060Ti",
+    ),
+    GpuSpec(
+        "RTX 4000 Ada",
+        20,
+        20147 * _MIB,
+        ("NVIDIA RTX 4000 Ada Generation",),
+        "deviceQuery, thamada/nvidia-smi nvsim/RTX4000Ada",
     ),
     GpuSpec("L4", 24, 22478 * _MIB, ("NVIDIA L4",), "deviceQuery, thamada/nvidia-smi gls/L4"),
     GpuSpec("A10", 24, 22516 * _MIB, ("NVIDIA A10",), "deviceQuery, detect-gpu#3"),
@@ -70,11 +109,32 @@ GPUS: Final[tuple[GpuSpec, ...]] = (
         "deviceQuery, thamada/nvidia-smi gls/RTX4090",
     ),
     GpuSpec(
+        "RTX 3090 Ti",
+        24,
+        24114 * _MIB,
+        ("NVIDIA GeForce RTX 3090 Ti",),
+        "torch repr (Linux, driver 590)",
+    ),
+    GpuSpec(
+        "RTX A5000",
+        24,
+        24114 * _MIB,
+        ("NVIDIA RTX A5000", "A5000"),
+        "torch repr (24114 and 24138 MiB)",
+    ),
+    GpuSpec(
         "V100-32GB",
         32,
         32510 * _MIB,
         ("Tesla V100-SXM2-32GB", "Tesla V100-PCIE-32GB"),
         "torch repr / deviceQuery",
+    ),
+    GpuSpec(
+        "RTX 5090",
+        32,
+        32117 * _MIB,
+        ("NVIDIA GeForce RTX 5090",),
+        "deviceQuery, aikitoria/open-gpu-kernel-modules#1 and NVIDIA/nccl#1637 (32117, 32120)",
     ),
     GpuSpec(
         "A100-40GB",
@@ -84,6 +144,13 @@ GPUS: Final[tuple[GpuSpec, ...]] = (
         "deviceQuery, bottlerocket#3873",
     ),
     GpuSpec(
+        "A40",
+        48,
+        45403 * _MIB,
+        ("NVIDIA A40",),
+        "deviceQuery (ECC on), thamada/nvidia-smi nvsim/A40",
+    ),
+    GpuSpec(
         "L40S",
         48,
         45589 * _MIB,
@@ -91,6 +158,14 @@ GPUS: Final[tuple[GpuSpec, ...]] = (
         "deviceQuery / torch repr, thamada/nvidia-smi nvsim/L40S",
     ),
     GpuSpec("RTX A6000", 48, 48676 * _MIB, ("NVIDIA RTX A6000", "A6000"), "torch repr"),
+    GpuSpec("Quadro RTX 8000", 48, 48601 * _MIB, ("RTX 8000",), "torch repr"),
+    GpuSpec(
+        "RTX 6000 Ada",
+        48,
+        48622 * _MIB,
+        ("NVIDIA RTX 6000 Ada Generation",),
+        "torch repr; deviceQuery 48640 MiB (ECC off), thamada/nvidia-smi gls/RTX6000Ada",
+    ),
     GpuSpec(
         "A100-80GB",
         80,
@@ -111,6 +186,28 @@ GPUS: Final[tuple[GpuSpec, ...]] = (
         95235 * _MIB,
         ("NVIDIA H100 NVL",),
         "deviceQuery, thamada/nvidia-smi gls/H100NVL",
+    ),
+    GpuSpec(
+        "GH200",
+        96,
+        96768 * _MIB,
+        ("NVIDIA GH200 480GB", "NVIDIA GH200 120GB"),
+        "deviceQuery (ECC on): 96768 MiB on a GH200 120GB (CSCS Alps), 97280 MiB on a "
+        "GH200 480GB (slitvinov/grace)",
+    ),
+    GpuSpec(
+        "RTX PRO 6000 Blackwell",
+        96,
+        97250 * _MIB,
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition",),
+        "torch repr (torch 2.7, Server Edition)",
+    ),
+    GpuSpec(
+        "H20",
+        96,
+        97285 * _MIB,
+        ("NVIDIA H20",),
+        "torch repr quoted in a public Triton kernel's source",
     ),
     GpuSpec("H200", 141, 143156 * _MIB, ("NVIDIA H200", "H200-141GB"), "torch repr"),
     GpuSpec("B200", 180, 182642 * _MIB, ("NVIDIA B200",), "torch repr; pytorch/ao#4002"),
@@ -153,7 +250,7 @@ def lookup_gpu(name: str) -> GpuSpec:
             "gpu_memory_gb (GiB)",
             field="gpu",
         )
-    if candidates:  # never a guess: "H20" is a GPU of its own, not an H200
+    if candidates:  # never a guess: torch names the 8 GB and 12 GB RTX 3060 alike
         raise UnknownGpuError(
             f"unknown gpu {name!r}; did you mean {candidates[0]}? or pass gpu_memory_gb (GiB)",
             field="gpu",
