@@ -32,6 +32,7 @@ import functools
 from dataclasses import dataclass, replace
 from typing import Final
 
+from ckpt_core._memory import adafactor
 from ckpt_core._memory.activations import Assignment, activation_bytes, tier_named
 from ckpt_core._memory.allocator import ROUND_LARGE
 from ckpt_core._memory.arch import Arch
@@ -40,7 +41,7 @@ from ckpt_core._memory.families import family_of
 from ckpt_core._memory.ledger import Step
 from ckpt_core._memory.param_layout import Linear, ParamLayout
 from ckpt_core._memory.peak import Recipe, allocated_moments
-from ckpt_core._memory.step_trace import TraceRecipe, simulate
+from ckpt_core._memory.step_trace import TraceRecipe, simulate, trained_tensors
 from ckpt_core._memory.transient import transient_bytes
 from ckpt_core._memory.workspace import blas_workspace_bytes
 from ckpt_core._planning.tiers import CONCRETE_TIERS
@@ -83,8 +84,10 @@ ASSUMPTIONS: Final[dict[str, str]] = {
     "optimizer": "adamw 2 states (torch's foreach step holds one more parameter-sized "
     "temporary); adamw_fused 2 states and an fp32 step count per parameter on the GPU, no "
     "temporary (torch.optim.AdamW(fused=True), HF Trainer's adamw_torch_fused); adamw_8bit "
-    "2 B + fp32 absmax per 256 values per state; sgd no state (momentum 0); sgd_momentum "
-    "one momentum buffer per parameter, in its dtype",
+    "2 B + fp32 absmax per 256 values per state; adafactor (transformers', no beta1) fp32 "
+    "row and column second moments per matrix, a whole one per vector, its step one "
+    "parameter at a time (16-bit ones copied to fp32); sgd no state (momentum 0); "
+    "sgd_momentum one momentum buffer per parameter, in its dtype",
     "gradients": "set_to_none: created during backward, freed by zero_grad(set_to_none=True); "
     "accumulate: allocated all step, each new gradient made, added in place and freed (a "
     "tied weight's two summed first)",
@@ -146,6 +149,7 @@ def static_memory(
     keep_in_fp32: frozenset[str] = frozenset(),
     fp32_linears: frozenset[str] = frozenset(),
     idle_adapters: int = 0,
+    states: int | None = None,
 ) -> StaticMemory:
     """Weights by storage, plus gradients and optimizer states of what is trained.
 
@@ -155,7 +159,8 @@ def static_memory(
     optimizer states are fp32 too in a full fine-tune, as are those of the
     parameters every load keeps in fp32 (`ParamLayout.fp32_other`).  ``idle_adapters``:
     parameters of the adapters on a tower text-only training never runs (fp32
-    weights, never trained).
+    weights, never trained).  ``states``: the optimizer's state bytes where
+    they follow from shapes, not counts (Adafactor: `ckpt_core._memory.adafactor`).
     """
     wide = sum(linear.parameters for linear in _named(layout, fp32_linears)) + layout.fp32_other
     weights = _weight_bytes(layout, workload, _named(layout, keep_in_fp32), wide)
@@ -164,19 +169,22 @@ def static_memory(
         grad_bytes = DTYPE_BYTES[workload.weight_storage]
         per_parameter = functools.partial(optimizer_bytes_per_parameter, workload.optimizer)
         gradients = trainable * grad_bytes + wide * (4 - grad_bytes)
-        optimizer = trainable * per_parameter(grad_bytes) + wide * (
-            per_parameter(4) - per_parameter(grad_bytes)
-        )
+        if states is None:
+            states = int(
+                trainable * per_parameter(grad_bytes)
+                + wide * (per_parameter(4) - per_parameter(grad_bytes))
+            )
     else:
         trainable = lora_parameters
         weights += (trainable + idle_adapters) * LORA_BYTES
         gradients = trainable * LORA_BYTES
-        optimizer = trainable * optimizer_bytes_per_parameter(workload.optimizer, LORA_BYTES)
+        if states is None:
+            states = int(trainable * optimizer_bytes_per_parameter(workload.optimizer, LORA_BYTES))
     return StaticMemory(
         weights=weights,
         trainable_parameters=trainable,
         gradients=gradients,
-        optimizer=int(optimizer),
+        optimizer=states,
     )
 
 
@@ -223,12 +231,13 @@ def optimizer_bytes_per_parameter(optimizer: str, param_bytes: int) -> float:
 
 
 def recipe_for(
+    arch: Arch,
     layout: ParamLayout,
     workload: Workload,
     static: StaticMemory,
     step: Step,
-    blas_workspace: int = blas_workspace_bytes(None),
     *,
+    blas_workspace: int = blas_workspace_bytes(None),
     idle_adapters: tuple[int, ...] = (),
 ) -> Recipe:
     """The real-step facts `ckpt_core._memory.peak` and the replay need, from the recipe fields.
@@ -244,7 +253,7 @@ def recipe_for(
     grad_bytes = static.gradients // trainable if trainable else 0
     layers = max(1, max((linear.count for linear in layout.linears), default=1))
     head = layout.embeddings * grad_bytes if workload.method == "full" else 0
-    temporary = static.foreach_temporary if workload.optimizer == "adamw" else 0
+    factored = workload.optimizer == "adafactor"
     widest = max((linear.fan_in * linear.fan_out for linear in layout.linears), default=0)
     loaded = 4 if workload.weight_storage == "fp32" or workload.compute == "autocast" else compute
     state_ratio = static.optimizer / static.gradients if static.gradients else 0.0
@@ -266,7 +275,8 @@ def recipe_for(
         state_bytes=state_ratio,
         foreach_temp=workload.optimizer == "adamw",
         device_steps=workload.optimizer == "adamw_fused",
-        optimizer_states=OPTIMIZER_STATES[workload.optimizer],
+        factored=factored,
+        optimizer_states=0 if factored else OPTIMIZER_STATES[workload.optimizer],
         accumulate=workload.gradients == "accumulate",
         blas_workspace=blas_workspace,
         fp16=workload.dtype == "fp16",
@@ -277,6 +287,10 @@ def recipe_for(
         # run ahead of the quantization by a timing-dependent amount (docs/memory-model.md).
         device_map=workload.loaded_with_device_map and not workload.quantized,
     )
+    if factored:
+        temporary = adafactor.step_temporary(trained_tensors(arch, trace))
+    else:
+        temporary = static.foreach_temporary if workload.optimizer == "adamw" else 0
     return Recipe(
         logits_bytes=logits,
         gradients=static.gradients,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from ckpt_core._errors import InvalidWorkloadError
+from ckpt_core._memory import adafactor
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.context import context_bytes
 from ckpt_core._memory.estimate import (
@@ -127,6 +128,16 @@ def prepare(facts: Facts, workload: Workload, gpu: str | None = None) -> Run:
         if parameter.name in targets
     )
     idle_adapters = _idle_adapters(layout, workload)
+    factored_states = None
+    if workload.optimizer == "adafactor":
+        if layout.experts or layout.adapted_parameters:
+            raise InvalidWorkloadError(
+                "adafactor's states are modelled for dense models: this model's experts "
+                "are stacked matrices whose factored states are not",
+                field="workload.optimizer",
+            )
+        adapted = None if workload.method == "full" else targets
+        factored_states = adafactor.state_bytes(arch, layout, adapted, workload.lora_rank)
     kernel, note = _attention(arch, workload.attention)
     fp32_linears = _fp32_linears(arch, workload)
     step = Step(
@@ -150,10 +161,17 @@ def prepare(facts: Facts, workload: Workload, gpu: str | None = None) -> Run:
         keep_in_fp32=family_of(arch).keep_in_fp32,
         fp32_linears=fp32_linears,
         idle_adapters=sum(idle_adapters),
+        states=factored_states,
     )
     static = per_gpu_memory(replica, arch, layout, workload)
     recipe = recipe_for(
-        layout, workload, static, step, blas_workspace_bytes(gpu), idle_adapters=idle_adapters
+        arch,
+        layout,
+        workload,
+        static,
+        step,
+        blas_workspace=blas_workspace_bytes(gpu),
+        idle_adapters=idle_adapters,
     )
     return Run(facts, workload, step, static, note, recipe, gpu)
 

@@ -37,6 +37,7 @@ class TraceRecipe:
     foreach_temp: bool  # torch AdamW's foreach temporary
     accumulate: bool
     device_steps: bool = False  # fused AdamW keeps each parameter's step count on the GPU
+    factored: bool = False  # transformers' Adafactor (`ckpt_core._memory.adafactor`)
     optimizer_states: int = 2  # state tensors per parameter (AdamW's two, SGD momentum's one)
     eager_extra: bool = True  # CUDA softmax backward's fp32 grad * output temporary
     # The compute dtype is fp16, not bf16: CUDA's softmax upcasts fp16 scores inside its

@@ -7,7 +7,8 @@ optimizer step makes the optimizer states) and the measured step, each:
 forward (checkpointed blocks keep their input only), the loss, backward
 (recompute, then each op's gradients), the optimizer step (torch's foreach
 AdamW holds one temporary per parameter for the denominator, the fused one
-none); gradients are freed by ``zero_grad(set_to_none=True)`` or kept
+none, transformers' Adafactor those of `ckpt_core._memory.adafactor`);
+gradients are freed by ``zero_grad(set_to_none=True)`` or kept
 (``accumulate``).
 Op by op, the buffers are those of transformers' Llama-style decoder block, the
 same forward `ckpt_core._memory.activations` writes down (norms upcast to fp32,
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import functools
 
+from ckpt_core._memory import adafactor
 from ckpt_core._memory.activations import block_modes
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.autograd_sim import Sim
@@ -39,7 +41,7 @@ from ckpt_core._memory.block_trace import scaled, softcap
 from ckpt_core._memory.families import family_of
 from ckpt_core._memory.linear_trace import TraceRecipe, adapted
 
-__all__ = ["TraceRecipe", "simulate"]
+__all__ = ["TraceRecipe", "simulate", "trained_tensors"]
 
 
 @functools.lru_cache(maxsize=512)
@@ -61,13 +63,14 @@ def simulate(arch: Arch, tier: str, recipe: TraceRecipe) -> tuple[int, int]:
     sim.accumulate = recipe.accumulate
     sim.first_grad_shared = recipe.full and arch.tied
     if recipe.accumulate:
-        sim.param_grads = [sim.new(size) for size in trainable]
-    _step(sim, arch, tier, recipe, trainable, states=True)  # the warm-up
+        sim.param_grads = [sim.new(tensor.nbytes) for tensor in trainable]
+    kept: dict[object, int] = {}  # Adafactor's states and RMS scalars, by its keys
+    _step(sim, arch, tier, recipe, trainable=trainable, kept=kept, states=True)  # the warm-up
     if not recipe.accumulate:
         sim.drop(*sim.param_grads)
         sim.param_grads = []
     sim.allocator.peak_allocated = sim.allocator.allocated
-    _step(sim, arch, tier, recipe, trainable, states=False)
+    _step(sim, arch, tier, recipe, trainable=trainable, kept=kept, states=False)
     return sim.allocator.peak_allocated, sim.allocator.peak_reserved
 
 
@@ -89,11 +92,29 @@ def _linears(arch: Arch) -> list[tuple[str, int, int]]:
     return [*attention, *mlp, (f"mlp.{down}", inter, h)]
 
 
-def _load(sim: Sim, arch: Arch, recipe: TraceRecipe) -> list[int]:
-    """Allocate the model as loaded and prepared; returns the trainable tensors' sizes,
-    in ``model.parameters()`` order (the optimizer makes its states in that order):
-    the token embeddings, the blocks, an untied LM head last."""
-    embedding = recipe.weights * arch.vocab * arch.hidden
+def trained_tensors(arch: Arch, recipe: TraceRecipe) -> list[adafactor.Trained]:
+    """The trained matrices in ``model.parameters()`` order (the optimizer makes its states
+    and steps in that order): a full fine-tune's token embeddings, block linears and
+    untied LM head; else the adapters, A (rank x fan_in) then B (fan_out x rank)."""
+    trained: list[adafactor.Trained] = []
+    if recipe.full:
+        embedding = adafactor.Trained(recipe.weights, arch.vocab, arch.hidden)
+        trained.append(embedding)
+        block = [adafactor.Trained(recipe.weights, n, m) for _, m, n in _linears(arch)]
+        trained += block * arch.layers
+        if not arch.tied:
+            trained.append(embedding)
+    rank = recipe.lora_rank
+    for _ in range(arch.layers if rank else 0):
+        for name, fan_in, fan_out in _linears(arch):
+            if adapted(recipe, name):
+                trained += [adafactor.Trained(4, rank, fan_in), adafactor.Trained(4, fan_out, rank)]
+    return trained
+
+
+def _load(sim: Sim, arch: Arch, recipe: TraceRecipe) -> list[adafactor.Trained]:
+    """Allocate the model as loaded and prepared (the adapters last, after those on an
+    idle tower); returns `trained_tensors`."""
     # A tower text-only training never runs: loaded, never trained.
     idle_sizes = [recipe.weights * n for n in family_of(arch).idle_tensors(arch)]
     if recipe.device_map:  # unquantized: nothing is re-allocated after the load
@@ -105,22 +126,13 @@ def _load(sim: Sim, arch: Arch, recipe: TraceRecipe) -> list[int]:
             for tensor in idle + embeddings + norms:
                 sim.new(sim.size(tensor) // recipe.weights * recipe.kept)
                 sim.drop(tensor)
-    trainable: list[int] = []
-    if recipe.full:
-        trainable.append(embedding)
-        block = [recipe.weights * fan_in * fan_out for _, fan_in, fan_out in _linears(arch)]
-        trainable += block * arch.layers
-        if not arch.tied:
-            trainable.append(embedding)
     for size in recipe.idle_adapters:  # PEFT's adapters on the idle tower come first
         sim.new(size)
-    for _ in range(arch.layers):
-        for name, fan_in, fan_out in _linears(arch):
-            if recipe.lora_rank and adapted(recipe, name):
-                for size in (4 * recipe.lora_rank * fan_in, 4 * recipe.lora_rank * fan_out):
-                    sim.new(size)
-                    trainable.append(size)
-    return trainable
+    trained = trained_tensors(arch, recipe)
+    if not recipe.full:
+        for tensor in trained:
+            sim.new(tensor.nbytes)
+    return trained
 
 
 def _load_and_move(sim: Sim, arch: Arch, recipe: TraceRecipe) -> tuple[list[int], list[int]]:
@@ -175,23 +187,47 @@ def _heads(arch: Arch) -> range:
 
 
 def _step(
-    sim: Sim, arch: Arch, tier: str, recipe: TraceRecipe, trainable: list[int], *, states: bool
+    sim: Sim,
+    arch: Arch,
+    tier: str,
+    recipe: TraceRecipe,
+    *,
+    trainable: list[adafactor.Trained],
+    kept: dict[object, int],
+    states: bool,
 ) -> None:
     """One training step: forward, backward, ``optimizer.step()`` (making the states
-    when ``states``), then the step's output is dropped."""
+    when ``states``), then the step's output is dropped.  ``kept``: what Adafactor keeps
+    from step to step."""
     held = _forward_backward(sim, arch, tier, recipe, recipe.blas_workspace if states else 0)
     count = recipe.optimizer_states
-    if states and count and recipe.state_bytes:
+    if recipe.factored:
+        _adafactor_step(sim, trainable, kept, first=states)
+    elif states and count and recipe.state_bytes:
         # At its first step AdamW makes exp_avg and exp_avg_sq, SGD its momentum buffer.
         state = recipe.state_bytes / count
-        for size in trainable:
+        for tensor in trainable:
             if recipe.device_steps:  # the fused step's `state["step"]`, fp32 on the device
                 sim.new(4)
             for _ in range(count):
-                sim.new(int(size * state))
+                sim.new(int(tensor.nbytes * state))
     if recipe.foreach_temp:
-        sim.drop(*[sim.new(size) for size in trainable])
+        sim.drop(*[sim.new(tensor.nbytes) for tensor in trainable])
     sim.drop(*held)
+
+
+def _adafactor_step(
+    sim: Sim, trainable: list[adafactor.Trained], kept: dict[object, int], *, first: bool
+) -> None:
+    """`adafactor.step_events` replayed; what it does not free (the states, the RMS
+    scalars) stays in ``kept`` for the next step, whose RMS scalars replace them."""
+    handles: dict[object, int] = {}
+    for kind, key, size in adafactor.step_events(trainable, first=first):
+        if kind == "new":
+            handles[key] = sim.new(size)
+        else:
+            sim.drop(handles.pop(key) if key in handles else kept.pop(key))
+    kept.update(handles)
 
 
 def _forward_backward(

@@ -9,7 +9,7 @@ the workload's defaults:
 - ``bf16`` / ``fp16`` -> ``dtype`` (neither: fp32);
 - ``optim`` -> ``optimizer`` (HF Trainer's default with torch >= 2.8,
   ``adamw_torch_fused``, is `adamw_fused`; ``adamw_torch`` is torch's foreach
-  step, `adamw`);
+  step, `adamw`; ``adafactor`` is transformers' Adafactor, `adafactor`);
 - ``gradient_accumulation_steps`` > 1 -> ``gradients: accumulate`` (the
   Trainer zeroes the gradients after each optimizer step, so they live through
   every micro-batch of it);
@@ -49,6 +49,7 @@ OPTIM_NAMES: Final[dict[str, str]] = {
     "adamw_bnb_8bit": "adamw_8bit",
     "adamw_8bit": "adamw_8bit",
     "paged_adamw_8bit": "adamw_8bit",
+    "adafactor": "adafactor",
     "sgd": "sgd",
 }
 _OFFLOAD_DEVICES: Final = ("cpu", "nvme")

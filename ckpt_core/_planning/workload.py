@@ -17,7 +17,7 @@ from ckpt_core._errors import InvalidWorkloadError
 Dtype = Literal["bf16", "fp16", "fp32"]
 WeightStorage = Literal["bf16", "fp16", "fp32", "int8", "nf4"]
 Method = Literal["full", "lora", "qlora"]
-Optimizer = Literal["adamw", "adamw_fused", "adamw_8bit", "sgd", "sgd_momentum"]
+Optimizer = Literal["adamw", "adamw_fused", "adamw_8bit", "adafactor", "sgd", "sgd_momentum"]
 Attention = Literal["sdpa", "flash_attention_2", "eager"]
 KbitPreparation = Literal["peft", "none"]
 Compute = Literal["loaded", "autocast"]
@@ -30,7 +30,14 @@ Offload = Literal["none", "optimizer", "all"]
 DTYPES: Final[tuple[str, ...]] = ("bf16", "fp16", "fp32")
 WEIGHT_STORAGES: Final[tuple[str, ...]] = ("bf16", "fp16", "fp32", "int8", "nf4")
 METHODS: Final[tuple[str, ...]] = ("full", "lora", "qlora")
-OPTIMIZERS: Final[tuple[str, ...]] = ("adamw", "adamw_fused", "adamw_8bit", "sgd", "sgd_momentum")
+OPTIMIZERS: Final[tuple[str, ...]] = (
+    "adamw",
+    "adamw_fused",
+    "adamw_8bit",
+    "adafactor",
+    "sgd",
+    "sgd_momentum",
+)
 ATTENTIONS: Final[tuple[str, ...]] = ("sdpa", "flash_attention_2", "eager")
 KBIT_PREPARATIONS: Final[tuple[str, ...]] = ("peft", "none")
 COMPUTES: Final[tuple[str, ...]] = ("loaded", "autocast")
@@ -299,6 +306,12 @@ def _check_engine(workload: Workload) -> None:
             "engine 'torch' has no ZeRO-1 under the HF Trainer: use sharding 'zero2' / 'zero3' "
             "(FSDP2) or engine 'deepspeed'",
             field="workload.sharding",
+        )
+    if workload.optimizer == "adafactor" and (sharding != "none" or engine != "torch"):
+        raise InvalidWorkloadError(
+            "adafactor's factored states are modelled on whole parameters (one GPU or DDP): "
+            "use sharding 'none' with engine 'torch'",
+            field="workload.optimizer",
         )
     if engine == "torch" and offload == "optimizer":
         raise InvalidWorkloadError(
