@@ -87,8 +87,8 @@ _API_NAMES: tuple[str, ...] = (
 _FLAG_HELP: dict[str, str] = {
     "lora_targets": "comma-separated module names",
     "optimizer": "adamw (torch's foreach step) | adamw_fused (HF Trainer's default "
-    "adamw_torch_fused) | adamw_8bit | adafactor (transformers', HF Trainer's "
-    "optim=adafactor) | sgd | sgd_momentum",
+    "adamw_torch_fused) | adamw_8bit | adamw_32bit (bitsandbytes', paged_adamw_32bit) | "
+    "adafactor (transformers', HF Trainer's optim=adafactor) | sgd | sgd_momentum",
     "padded": "padded batches (an attention mask), or packed ones whose position ids restart",
     "world_size": "GPUs in the data-parallel group (1)",
     "sharding": "none (DDP) | zero1 | zero2 | zero3 (FSDP FULL_SHARD)",

@@ -246,6 +246,23 @@ def test_sgd_momentum_keeps_one_buffer_per_parameter() -> None:
     assert grown == pytest.approx(momentum.static.gradients, rel=1e-3)
 
 
+def test_bitsandbytes_32bit_adamw_keeps_fp32_states_and_no_temporary() -> None:
+    """bitsandbytes' AdamW with 32-bit states (HF Trainer's ``paged_adamw_32bit``): two
+    fp32 states whatever the parameter's dtype, updated in place by one kernel
+    (``optimizer_update_32bit``).  A bf16 full fine-tune holds twice the fused AdamW's
+    states and the same step; LoRA's fp32 adapters, AdamW's states."""
+    fused, bnb = _full_fine_tune_peak("adamw_fused"), _full_fine_tune_peak("adamw_32bit")
+    assert bnb.static.optimizer == 2 * fused.static.optimizer
+    assert bnb.closed == pytest.approx(bnb.replayed, rel=1e-3)
+    grown = bnb.replayed - fused.replayed  # less the fused step's 4 B counts
+    assert grown == pytest.approx(fused.static.optimizer, rel=1e-2)
+    lora = [
+        run_for(seq_len=512, method="lora", optimizer=name) for name in ("adamw", "adamw_32bit")
+    ]
+    assert lora[0].static.optimizer == lora[1].static.optimizer > 0
+    assert lora[1].recipe.optimizer_temporary == 0 < lora[0].recipe.optimizer_temporary
+
+
 def _backward_allocations(accumulate: bool) -> tuple[float, list[tuple[str, float]]]:
     """A tiny tied-embedding Llama's backward on CPU (torch profiler): what it leaves
     allocated, and its allocations and frees of at least half an embedding, in

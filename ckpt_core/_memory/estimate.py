@@ -84,7 +84,9 @@ ASSUMPTIONS: Final[dict[str, str]] = {
     "optimizer": "adamw 2 states (torch's foreach step holds one more parameter-sized "
     "temporary); adamw_fused 2 states and an fp32 step count per parameter on the GPU, no "
     "temporary (torch.optim.AdamW(fused=True), HF Trainer's adamw_torch_fused); adamw_8bit "
-    "2 B + fp32 absmax per 256 values per state; adafactor (transformers', no beta1) fp32 "
+    "2 B + fp32 absmax per 256 values per state; adamw_32bit (bitsandbytes', HF Trainer's "
+    "paged_adamw_32bit) 2 fp32 states whatever the parameters' dtype, updated in place, paged "
+    "ones counted as resident; adafactor (transformers', no beta1) fp32 "
     "row and column second moments per matrix, a whole one per vector, its step one "
     "parameter at a time (16-bit ones copied to fp32); sgd no state (momentum 0); "
     "sgd_momentum one momentum buffer per parameter, in its dtype",
@@ -218,6 +220,7 @@ OPTIMIZER_STATES: Final[dict[str, int]] = {
     "adamw": 2,
     "adamw_fused": 2,
     "adamw_8bit": 2,
+    "adamw_32bit": 2,
     "sgd": 0,
     "sgd_momentum": 1,
 }
@@ -225,8 +228,8 @@ OPTIMIZER_STATES: Final[dict[str, int]] = {
 
 def optimizer_bytes_per_parameter(optimizer: str, param_bytes: int) -> float:
     """Its states' bytes per parameter of ``param_bytes``: each state in the parameter's
-    dtype (torch's AdamW and SGD), or 8-bit with blockwise absmax (bitsandbytes')."""
-    per_state = ADAM8_BYTES_PER_STATE if optimizer == "adamw_8bit" else param_bytes
+    dtype (torch's AdamW and SGD), 8-bit with blockwise absmax or fp32 (bitsandbytes')."""
+    per_state = {"adamw_8bit": ADAM8_BYTES_PER_STATE, "adamw_32bit": 4}.get(optimizer, param_bytes)
     return OPTIMIZER_STATES[optimizer] * per_state
 
 

@@ -9,7 +9,8 @@ the workload's defaults:
 - ``bf16`` / ``fp16`` -> ``dtype`` (neither: fp32);
 - ``optim`` -> ``optimizer`` (HF Trainer's default with torch >= 2.8,
   ``adamw_torch_fused``, is `adamw_fused`; ``adamw_torch`` is torch's foreach
-  step, `adamw`; ``adafactor`` is transformers' Adafactor, `adafactor`);
+  step, `adamw`; ``paged_adamw_32bit`` is bitsandbytes' AdamW with fp32 states,
+  `adamw_32bit`; ``adafactor`` is transformers' Adafactor, `adafactor`);
 - ``gradient_accumulation_steps`` > 1 -> ``gradients: accumulate`` (the
   Trainer zeroes the gradients after each optimizer step, so they live through
   every micro-batch of it);
@@ -39,16 +40,15 @@ from ckpt_core._planning.workload import Workload
 __all__ = ["workload_from_training_arguments"]
 
 # TrainingArguments.optim -> Workload.optimizer (Trainer.get_optimizer_cls_and_kwargs).
-# bitsandbytes' paged 8-bit AdamW keeps its large states in managed memory, which the
-# driver may page out under pressure: counted as resident, the safe side.  Its 32-bit
-# one keeps fp32 states whatever the parameters' dtype, which no workload optimizer
-# describes for half parameters: not mapped.
+# bitsandbytes' paged AdamWs keep their large states in managed memory, which the
+# driver may page out under pressure: counted as resident, the safe side.
 OPTIM_NAMES: Final[dict[str, str]] = {
     "adamw_torch": "adamw",
     "adamw_torch_fused": "adamw_fused",
     "adamw_bnb_8bit": "adamw_8bit",
     "adamw_8bit": "adamw_8bit",
     "paged_adamw_8bit": "adamw_8bit",
+    "paged_adamw_32bit": "adamw_32bit",
     "adafactor": "adafactor",
     "sgd": "sgd",
 }

@@ -17,7 +17,9 @@ from ckpt_core._errors import InvalidWorkloadError
 Dtype = Literal["bf16", "fp16", "fp32"]
 WeightStorage = Literal["bf16", "fp16", "fp32", "int8", "nf4"]
 Method = Literal["full", "lora", "qlora"]
-Optimizer = Literal["adamw", "adamw_fused", "adamw_8bit", "adafactor", "sgd", "sgd_momentum"]
+Optimizer = Literal[
+    "adamw", "adamw_fused", "adamw_8bit", "adamw_32bit", "adafactor", "sgd", "sgd_momentum"
+]
 Attention = Literal["sdpa", "flash_attention_2", "eager"]
 KbitPreparation = Literal["peft", "none"]
 Compute = Literal["loaded", "autocast"]
@@ -34,6 +36,7 @@ OPTIMIZERS: Final[tuple[str, ...]] = (
     "adamw",
     "adamw_fused",
     "adamw_8bit",
+    "adamw_32bit",
     "adafactor",
     "sgd",
     "sgd_momentum",
