@@ -87,6 +87,8 @@ def test_the_trainers_optimizers_map_to_the_workloads(
     ("overrides", "field"),
     [
         ({"optim": "rmsprop"}, "optim"),  # no memory model: an error, not a guess
+        ({"use_liger_kernel": True}, "use_liger_kernel"),
+        ({"torch_compile": True}, "torch_compile"),
         ({"optim": "sgd", "optim_args": "momentum=0.9"}, "optim_args"),
         ({"deepspeed": {"zero_optimization": {"stage": 4}}}, "deepspeed.zero_optimization.stage"),
         ({"deepspeed": {"optimizer": {"type": "Lamb"}}}, "deepspeed.optimizer.type"),
@@ -185,3 +187,11 @@ def test_a_deepspeed_config_file_sets_zero_and_its_own_optimizer(tmp_path: Path)
         _namespace(deepspeed=plain, optim="adamw_torch"), seq_len=1024, optimizer="adamw_8bit"
     )
     assert (read["sharding"], read["optimizer"]) == ("zero1", "adamw_8bit")
+
+
+def test_real_arguments_that_compile_the_step_are_refused(tmp_path: Path) -> None:
+    """``torch_compile=True`` as the Trainer reads it: a compiled step keeps other tensors."""
+    args = _args(tmp_path, torch_compile=True)
+    with pytest.raises(InvalidWorkloadError, match="torch_compile") as error:
+        workload_from_training_arguments(args, seq_len=64)
+    assert error.value.field == "torch_compile"

@@ -24,7 +24,8 @@ how the model was loaded (``weights``, ``compute``: an fp32 model trained with
 ``bf16=True`` runs under autocast), ``attention``, ``gpus_per_node`` - comes
 from ``workload``, which also overrides anything read here.  The arguments are
 read by attribute (no transformers import).  A value with no memory model here
-is an error naming the argument, never a silent default.
+is an error naming the argument, never a silent default: so are Liger's kernels
+(``use_liger_kernel``) and ``torch_compile``, which change what the step keeps.
 """
 
 from __future__ import annotations
@@ -53,6 +54,13 @@ OPTIM_NAMES: Final[dict[str, str]] = {
     "sgd": "sgd",
 }
 _OFFLOAD_DEVICES: Final = ("cpu", "nvme")
+# Switches that change which tensors a step keeps in ways no workload field describes.
+UNMODELLED_SWITCHES: Final[dict[str, str]] = {
+    "use_liger_kernel": "Liger's kernels (fused linear cross entropy, RMSNorm, SwiGLU, RoPE) "
+    "keep other tensors than the unfused step",
+    "torch_compile": "a compiled step keeps what inductor's partitioner chooses, not what "
+    "the eager step keeps",
+}
 
 
 def workload_from_training_arguments(args: Any, **workload: Any) -> dict[str, Any]:
@@ -75,6 +83,13 @@ def workload_from_training_arguments(args: Any, **workload: Any) -> dict[str, An
         else "set_to_none",
         "world_size": _attribute(args, "world_size"),
     }
+    for switch, why in UNMODELLED_SWITCHES.items():
+        if getattr(args, switch, False):
+            raise InvalidWorkloadError(
+                f"{switch}=True has no memory model here: {why}.  To plan the eager, unfused "
+                "step knowingly, pass make_plan a workload built without these arguments",
+                field=switch,
+            )
     optimizer_given = "optimizer" in workload
     if not optimizer_given:
         read["optimizer"] = _optimizer(args)
