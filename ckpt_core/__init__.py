@@ -28,6 +28,7 @@ from ckpt_core._errors import (
     UnsupportedTransformersVersionError,
 )
 from ckpt_core._memory.families import MODEL_TYPE_FAMILIES as ESTIMATE_FAMILIES
+from ckpt_core._memory.families import MOE_MODEL_TYPES
 from ckpt_core._plan import Plan, make_plan
 from ckpt_core._planning.block_plan import BlockPlan
 from ckpt_core._planning.gpus import GPUS, GpuSpec, lookup_gpu
@@ -119,6 +120,7 @@ __all__ = [
     "MEASURE_FIELDS",
     "METHODS",
     "MIN_TRANSFORMERS",
+    "MOE_MODEL_TYPES",
     "OFFLOADS",
     "OPTIMIZERS",
     "SHARDINGS",

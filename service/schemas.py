@@ -30,6 +30,7 @@ from ckpt_core import (
     MAX_SEQ_LEN,
     MAX_WORLD_SIZE,
     METHODS,
+    MOE_MODEL_TYPES,
     OFFLOADS,
     OPTIMIZERS,
     SHARDINGS,
@@ -166,7 +167,7 @@ LoadPathField = _choice_field(Choice(LOAD_PATHS), " | ".join(LOAD_PATHS))
 # Each group lists what it allows, one branch a case; the rules that share a field
 # are one anyOf of the product of their groups.  Stated as an allOf of anyOf
 # clauses instead, schemathesis' generator (jsonschema_rs' canonical form) gives up
-# past ~50 intersections ("outgrew_intersections"); the product is 6 and 8 cases.
+# past ~50 intersections ("outgrew_intersections"); the product is 6 and 16 cases.
 _PRECISION: Final = combinations(
     # qlora trains adapters over quantized weights; a full fine-tune cannot train them.
     [
@@ -208,6 +209,13 @@ _SHARDING_RULES: Final = combinations(
             hybrid={"const": True},
             gpus_per_node={"type": "integer"},
             sharding={"zero3"},
+        ),
+    ],
+    # Adafactor's states are modelled on whole parameters: one GPU or DDP.
+    [
+        Allowed(optimizer=set(OPTIMIZERS) - {"adafactor"}),
+        Allowed(
+            required=("optimizer",), optimizer={"adafactor"}, engine={"torch"}, sharding={"none"}
         ),
     ],
 )
@@ -380,6 +388,40 @@ def _not_beyond_positions(shape: str) -> dict[str, Any]:
     }
 
 
+def _no_adafactor_on_experts() -> dict[str, Any]:
+    """``not`` (optimizer adafactor with a model whose layers have experts: a preset, or a
+    config of one of `MOE_MODEL_TYPES`)."""
+    experts = [preset.name for preset in list_presets() if preset.model_type in MOE_MODEL_TYPES]
+    return {
+        "not": {
+            "required": ["model", "workload"],
+            "properties": {
+                "workload": {
+                    "required": ["optimizer"],
+                    "properties": {"optimizer": Choice(["adafactor"]).schema()},
+                },
+                "model": {
+                    "anyOf": [
+                        {
+                            "required": ["preset"],
+                            "properties": {"preset": Choice(experts).schema()},
+                        },
+                        {
+                            "required": ["config"],
+                            "properties": {
+                                "config": {
+                                    "required": ["model_type"],
+                                    "properties": {"model_type": {"enum": sorted(MOE_MODEL_TYPES)}},
+                                }
+                            },
+                        },
+                    ]
+                },
+            },
+        }
+    }
+
+
 # Both a GPU name and a GPU memory: ckpt_core refuses the pair.
 _NOT_GPU_AND_MEMORY = {
     "not": {
@@ -397,6 +439,7 @@ class ResolveRequest(_Request):
             **_NOT_GPU_AND_MEMORY,
             "allOf": [
                 *_not_beyond_positions("workload")["allOf"],
+                _no_adafactor_on_experts(),
                 # The estimate has a memory model for these model types only.
                 {
                     "properties": {

@@ -47,6 +47,7 @@ import ckpt_core
 from ckpt_core._planning.workload import MAX_WORLD_SIZE
 from service.app import create_app
 from service.settings import Settings
+from tests import _model_configs
 from tests._tiny_models import ARCHS, tiny_config
 
 pytestmark = pytest.mark.slow
@@ -106,7 +107,9 @@ _MEASURABLE_CONFIGS = st.builds(
 
 @functools.cache
 def _config_of_type(model_type: str) -> dict[str, Any] | None:
-    """A real config of `model_type`: a tiny one, else a bundled preset's."""
+    """A real config of `model_type`: a tiny one, else a bundled preset's, else one of the
+    memory model's test configs (types with neither: mT5, Mistral 3, dots.llm1, GLM-4.7
+    Flash) cut to two layers."""
     for arch in ARCHS:
         config = _tiny(arch, 2)
         if config["model_type"] == model_type:
@@ -114,7 +117,24 @@ def _config_of_type(model_type: str) -> dict[str, Any] | None:
     for preset in ckpt_core.list_presets():
         if preset.model_type == model_type:
             return ckpt_core.load_preset(preset.name)
+    for value in vars(_model_configs).values():
+        if isinstance(value, dict) and value.get("model_type") == model_type:
+            return _two_layers(value)
     return None
+
+
+def _two_layers(config: dict[str, Any]) -> dict[str, Any]:
+    """`config` (and its text config) with at most two layers per stack."""
+    cut = {
+        key: min(value, 2) if key in _LAYER_KEYS and isinstance(value, int) else value
+        for key, value in config.items()
+    }
+    if isinstance(cut.get("text_config"), dict):
+        cut["text_config"] = _two_layers(cut["text_config"])
+    return cut
+
+
+_LAYER_KEYS = ("num_hidden_layers", "num_layers", "num_decoder_layers")
 
 
 def _real_config(

@@ -39,6 +39,9 @@ class Family:
       than taking them in the dtype (BERT, T5);
     - ``no_sdpa`` / ``no_flash``: model types whose classes transformers runs
       without sdpa / flash attention (checked against the classes by a test);
+    - ``moe_types``: model types whose configs give their layers experts (stacked
+      3-D tensors in transformers 5), which ``optimizer: adafactor`` is not
+      modelled for;
     - ``keep_in_fp32``: names of the linears transformers keeps in fp32 when it
       loads the model in fp16 (the classes' ``_keep_in_fp32_modules``, checked
       by a test): T5's ``wo``;
@@ -66,6 +69,7 @@ class Family:
     loss_in_fp32: bool = True
     no_sdpa: frozenset[str] = frozenset()
     no_flash: frozenset[str] = frozenset()
+    moe_types: frozenset[str] = frozenset()
     keep_in_fp32: frozenset[str] = frozenset()
     trace: Callable[[Arch], TraceModel] = lambda arch: LLAMA
     replayed_exactly: Callable[[Arch], bool] = lambda arch: False

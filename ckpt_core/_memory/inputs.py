@@ -24,7 +24,14 @@ from ckpt_core._memory.estimate import (
     recipe_for,
     static_memory,
 )
-from ckpt_core._memory.families import NO_FLASH, NO_SDPA, arch_of, family_of, param_layout
+from ckpt_core._memory.families import (
+    MOE_MODEL_TYPES,
+    NO_FLASH,
+    NO_SDPA,
+    arch_of,
+    family_of,
+    param_layout,
+)
 from ckpt_core._memory.ledger import Step
 from ckpt_core._memory.param_layout import ParamLayout, matches_target
 from ckpt_core._memory.peak import Recipe
@@ -130,10 +137,10 @@ def prepare(facts: Facts, workload: Workload, gpu: str | None = None) -> Run:
     idle_adapters = _idle_adapters(layout, workload)
     factored_states = None
     if workload.optimizer == "adafactor":
-        if layout.experts or layout.adapted_parameters:
+        if arch.model_type in MOE_MODEL_TYPES or layout.experts or layout.adapted_parameters:
             raise InvalidWorkloadError(
-                "adafactor's states are modelled for dense models: this model's experts "
-                "are stacked matrices whose factored states are not",
+                f"adafactor's states are modelled for dense models: {arch.model_type}'s "
+                "experts are stacked matrices whose factored states are not",
                 field="workload.optimizer",
             )
         adapted = None if workload.method == "full" else targets

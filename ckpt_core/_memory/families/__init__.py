@@ -39,6 +39,8 @@ MODEL_TYPE_FAMILIES: Final = {
 # Model types transformers runs without sdpa / flash attention (see `Family`).
 NO_SDPA: Final = frozenset().union(*(family.no_sdpa for family in FAMILIES))
 NO_FLASH: Final = frozenset().union(*(family.no_flash for family in FAMILIES))
+# Model types with experts in their layers (see `Family`).
+MOE_MODEL_TYPES: Final = frozenset().union(*(family.moe_types for family in FAMILIES))
 
 
 def supported_model_types() -> list[str]:

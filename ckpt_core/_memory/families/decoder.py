@@ -386,6 +386,20 @@ FAMILY = Family(
     # no sdpa (its flash path runs, passing the sinks to kernels that take them).
     no_sdpa=frozenset({"gemma2", "gpt_oss"}),
     no_flash=frozenset({"gemma3"}),
+    moe_types=frozenset(
+        {
+            "deepseek_v2",
+            "deepseek_v3",
+            "dots1",
+            "glm4_moe",
+            "glm4_moe_lite",
+            "gpt_oss",
+            "mixtral",
+            "olmoe",
+            "qwen2_moe",
+            "qwen3_moe",
+        }
+    ),
     trace=_trace,
     replayed_exactly=_replayed_exactly,
     idle_tensors=vision_tensors,
