@@ -32,7 +32,6 @@ import functools
 from dataclasses import dataclass, replace
 from typing import Final
 
-from ckpt_core._memory import adafactor
 from ckpt_core._memory.activations import Assignment, activation_bytes, tier_named
 from ckpt_core._memory.allocator import ROUND_LARGE
 from ckpt_core._memory.arch import Arch
@@ -41,7 +40,7 @@ from ckpt_core._memory.families import family_of
 from ckpt_core._memory.ledger import Step
 from ckpt_core._memory.param_layout import Linear, ParamLayout
 from ckpt_core._memory.peak import Recipe, allocated_moments
-from ckpt_core._memory.step_trace import TraceRecipe, simulate, trained_tensors
+from ckpt_core._memory.step_trace import TraceRecipe, adafactor_temporary, simulate
 from ckpt_core._memory.transient import transient_bytes
 from ckpt_core._memory.workspace import blas_workspace_bytes
 from ckpt_core._planning.tiers import CONCRETE_TIERS
@@ -291,7 +290,7 @@ def recipe_for(
         device_map=workload.loaded_with_device_map and not workload.quantized,
     )
     if factored:
-        temporary = adafactor.step_temporary(trained_tensors(arch, trace))
+        temporary = adafactor_temporary(arch, trace)
     else:
         temporary = static.foreach_temporary if workload.optimizer == "adamw" else 0
     return Recipe(

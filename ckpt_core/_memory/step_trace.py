@@ -41,7 +41,7 @@ from ckpt_core._memory.block_trace import scaled, softcap
 from ckpt_core._memory.families import family_of
 from ckpt_core._memory.linear_trace import TraceRecipe, adapted
 
-__all__ = ["TraceRecipe", "simulate", "trained_tensors"]
+__all__ = ["TraceRecipe", "adafactor_temporary", "simulate", "trained_tensors"]
 
 
 @functools.lru_cache(maxsize=512)
@@ -110,6 +110,13 @@ def trained_tensors(arch: Arch, recipe: TraceRecipe) -> list[adafactor.Trained]:
             if adapted(recipe, name):
                 trained += [adafactor.Trained(4, rank, fan_in), adafactor.Trained(4, fan_out, rank)]
     return trained
+
+
+@functools.lru_cache(maxsize=512)
+def adafactor_temporary(arch: Arch, recipe: TraceRecipe) -> int:
+    """`adafactor.step_temporary` over `trained_tensors`: cached, since the closed form
+    asks on every call and the walk is thousands of events for an 8B model."""
+    return adafactor.step_temporary(trained_tensors(arch, recipe))
 
 
 def _load(sim: Sim, arch: Arch, recipe: TraceRecipe) -> list[adafactor.Trained]:
