@@ -123,6 +123,9 @@ def _config_of_type(model_type: str) -> dict[str, Any] | None:
     return None
 
 
+_LAYER_KEYS = ("num_hidden_layers", "num_layers", "num_decoder_layers")
+
+
 def _two_layers(config: dict[str, Any]) -> dict[str, Any]:
     """`config` (and its text config) with at most two layers per stack."""
     cut = {
@@ -132,9 +135,6 @@ def _two_layers(config: dict[str, Any]) -> dict[str, Any]:
     if isinstance(cut.get("text_config"), dict):
         cut["text_config"] = _two_layers(cut["text_config"])
     return cut
-
-
-_LAYER_KEYS = ("num_hidden_layers", "num_layers", "num_decoder_layers")
 
 
 def _real_config(

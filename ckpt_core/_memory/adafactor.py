@@ -81,23 +81,27 @@ def _factored(rows: int, cols: int) -> int:
 def step_events(tensors: Sequence[Trained], *, first: bool) -> Iterator[Event]:
     """The device allocations and frees of one ``step()`` over ``tensors``; ``first``: it
     makes the states (kept, keys ``("row", i)`` / ``("col", i)``) and the RMS scalars."""
-    previous: list[object] = []  # the last iteration's grad / p_data_fp32 / update copies
+    # The last iteration's locals still alive: its fp32 grad and p_data_fp32 copies (None
+    # for an fp32 parameter, whose locals are the parameter and its gradient) and update.
+    last_grad: object = None
+    last_weights: object = None
+    last_update: object = None
     for i, tensor in enumerate(tensors):
         whole = FP32 * tensor.rows * tensor.cols
         half = tensor.element < FP32
         row, col = FP32 * tensor.rows, FP32 * tensor.cols
         # grad = p.grad releases the last fp32 gradient copy; a 16-bit one is copied.
-        yield from _free(previous[:1])
-        grad = ("grad", i)
-        if half:
+        yield from _free(last_grad)
+        grad = ("grad", i) if half else None
+        if grad:
             yield "new", grad, whole
         if first:
             yield "new", ("row", i), row
             yield "new", ("col", i), col
         # p_data_fp32 = p releases the last parameter copy; a 16-bit one is copied.
-        yield from _free(previous[1:2])
-        weights = ("p32", i)
-        if half:
+        yield from _free(last_weights)
+        weights = ("p32", i) if half else None
+        if weights:
             yield "new", weights, whole
         yield "new", ("rms", i, first), SCALAR
         if not first:
@@ -106,7 +110,7 @@ def step_events(tensors: Sequence[Trained], *, first: bool) -> Iterator[Event]:
         yield "new", ("square", i), whole
         yield "new", ("sum", i), whole
         yield "free", ("square", i), 0
-        yield from _free(previous[2:])
+        yield from _free(last_update)
         for name, size in (("row_mean", row), ("col_mean", col)):
             yield "new", (name, i), size
             yield "free", (name, i), 0
@@ -120,8 +124,9 @@ def step_events(tensors: Sequence[Trained], *, first: bool) -> Iterator[Event]:
         # p_data_fp32.add_(-update)
         yield "new", ("negated", i), whole
         yield "free", ("negated", i), 0
-        previous = [grad if half else None, weights if half else None, ("update", i)]
-    yield from _free(previous)  # step() returns: its locals die
+        last_grad, last_weights, last_update = grad, weights, ("update", i)
+    for key in (last_grad, last_weights, last_update):  # step() returns: its locals die
+        yield from _free(key)
 
 
 def step_temporary(tensors: Sequence[Trained]) -> int:
@@ -139,7 +144,7 @@ def step_temporary(tensors: Sequence[Trained]) -> int:
     return peak
 
 
-def _free(keys: Sequence[object]) -> Iterator[Event]:
-    for key in keys:
-        if key is not None:
-            yield "free", key, 0
+def _free(key: object) -> Iterator[Event]:
+    """Free ``key``'s tensor, if there is one."""
+    if key is not None:
+        yield "free", key, 0
