@@ -61,6 +61,8 @@ NAMED_TYPES: Final = (
     ("gemma", "gemma"),
     ("phi-3", "phi3"),
     ("phi-4", "phi3"),  # Phi-4 and Phi-4-mini are Phi3ForCausalLM
+    ("phi-2", "phi"),
+    ("phi-1", "phi"),  # Phi-1 and Phi-1.5
     ("qwen3", "qwen3"),
     ("qwen", "qwen2"),
     ("ministral", "ministral"),
@@ -69,6 +71,10 @@ NAMED_TYPES: Final = (
     ("olmo-2", "olmo2"),
     ("granite", "granite"),
 )
+# What a named model's published config.json sets away from its config class's defaults
+# and a row's model_config does not carry: Phi-2 rotates 32 of its 80 head dimensions and
+# drops out each branch's output.
+PUBLISHED: Final = (("phi-2", {"partial_rotary_factor": 0.4, "resid_pdrop": 0.1}),)
 
 
 def model_type(row: dict[str, Any]) -> str:
@@ -77,8 +83,11 @@ def model_type(row: dict[str, Any]) -> str:
     given = row["run"].get("model_type") or row["model_config"].get("model_type")
     if given:
         return str(given)
-    name = row["model_config"]["name"].lower().replace("_", "-")
-    return next((kind for part, kind in NAMED_TYPES if part in name), "llama")
+    return next((kind for part, kind in NAMED_TYPES if part in _name(row)), "llama")
+
+
+def _name(row: dict[str, Any]) -> str:
+    return str(row["model_config"]["name"]).lower().replace("_", "-")
 
 
 def model_input(row: dict[str, Any]) -> dict[str, Any]:
@@ -86,8 +95,10 @@ def model_input(row: dict[str, Any]) -> dict[str, Any]:
     if row.get("hf_config"):
         return {"config": row["hf_config"]}
     config = row["model_config"]
+    published = next((keys for part, keys in PUBLISHED if part in _name(row)), {})
     return {
         "config": {
+            **published,
             "model_type": model_type(row),
             "hidden_size": config["hidden_size"],
             "num_hidden_layers": config["num_layers"],

@@ -261,6 +261,21 @@ STABLELM: Final = (
 )
 STABLELM_PARALLEL: Final = (*STABLELM, ("use_parallel_residual", True))
 
+# Phi on Llama 3.2 1B's sizes: one LayerNorm per block read by the attention and a GELU MLP
+# (fc1, fc2) in parallel, biases on every linear and the LM head, RoPE on the leading half
+# of each head (Phi-1.5's; Phi-2 rotates 32 of 80), dropout on the embeddings and on each
+# branch's output.
+PHI: Final = (
+    ("model_type", "phi"),
+    ("architectures", ["PhiForCausalLM"]),
+    ("hidden_act", "gelu_new"),
+    ("partial_rotary_factor", 0.5),
+    ("resid_pdrop", 0.1),
+    ("embd_pdrop", 0.1),
+    ("tie_word_embeddings", False),
+    ("rope_scaling", None),
+)
+
 # Gemma (1) on Llama 3.2 1B's sizes, with Gemma's wide heads (heads x head_dim = twice the
 # hidden size, as Gemma 7B's 16 x 256 against 3072): Llama's layer with Gemma's norms,
 # GeGLU and scaled, tied embeddings.

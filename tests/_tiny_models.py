@@ -183,6 +183,11 @@ _SPECS: dict[str, _Spec] = {
         "StableLmForCausalLM",
         {**_DECODER, "use_qkv_bias": True, "use_parallel_residual": True},
     ),
+    "phi": _Spec(
+        "PhiConfig",
+        "PhiForCausalLM",
+        {**_DECODER, "resid_pdrop": 0.1, "embd_pdrop": 0.1, "partial_rotary_factor": 0.5},
+    ),
     "starcoder2": _Spec(
         "Starcoder2Config",
         "Starcoder2ForCausalLM",

@@ -9,7 +9,14 @@ from __future__ import annotations
 import pytest
 
 from bench import gpu_truth
-from bench._gpu_rows import SHARED_ROWS, estimate_row, load_rows, model_type, workload_of
+from bench._gpu_rows import (
+    SHARED_ROWS,
+    estimate_row,
+    load_rows,
+    model_input,
+    model_type,
+    workload_of,
+)
 
 pytestmark = pytest.mark.skipif(
     not SHARED_ROWS.is_dir(), reason=f"no shared GPU rows at {SHARED_ROWS}"
@@ -108,6 +115,8 @@ def test_the_harness_options_map_to_the_workload(
         ("gemma-3-1b-pt", "gemma3_text"),
         ("Phi-3-mini-4k-instruct", "phi3"),
         ("Phi-4-mini-instruct", "phi3"),
+        ("phi-2", "phi"),
+        ("phi-1_5", "phi"),
         ("Qwen3-1.7B", "qwen3"),
         ("Qwen2.5-1.5B-Instruct", "qwen2"),
         ("Mistral-7B-v0.3", "mistral"),
@@ -122,3 +131,19 @@ def test_a_rows_model_type_follows_its_name(rows: list[dict], name: str, kind: s
     row = {**rows[0], "model_config": {**rows[0]["model_config"], "name": name}}
     assert model_type(row) == kind
     assert estimate_row(row)["allocated_bytes"] > 0
+
+
+def test_a_named_models_published_config_fills_what_a_row_does_not_carry(
+    rows: list[dict],
+) -> None:
+    """Phi-2's published config rotates 40% of each head and drops out each branch, away
+    from PhiConfig's defaults (half, no dropout), which Phi-1.5's keeps: a Phi-2 row is
+    estimated with them."""
+    phi_2, phi_1_5 = (
+        {**rows[0], "model_config": {**rows[0]["model_config"], "name": name}}
+        for name in ("microsoft/phi-2", "microsoft/phi-1_5")
+    )
+    config = model_input(phi_2)["config"]
+    assert (config["partial_rotary_factor"], config["resid_pdrop"]) == (0.4, 0.1)
+    assert "resid_pdrop" not in model_input(phi_1_5)["config"]
+    assert estimate_row(phi_2)["allocated_bytes"] != estimate_row(phi_1_5)["allocated_bytes"]

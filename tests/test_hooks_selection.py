@@ -46,6 +46,7 @@ STACKS: dict[str, dict[str, tuple[str, ...]]] = {
     "cohere": _DECODER,
     "cohere2": _DECODER,
     "stablelm": _DECODER,
+    "phi": _DECODER,
     "hunyuan_v1_dense": _DECODER,
     "gpt_oss": _DECODER,
     "gpt2": {"transformer.h": ("attn",)},

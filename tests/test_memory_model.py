@@ -51,6 +51,7 @@ from tests._model_configs import (
     OLMO3,
     OLMOE,
     OLMOE_CLIPPED,
+    PHI,
     QWEN2_MOE,
     QWEN2_MOE_SPARSE,
     SEED_OSS,
@@ -337,6 +338,7 @@ CONFIGS = {
             COHERE,
             COHERE2,
             STABLELM,
+            PHI,
         )
     },
 }
@@ -716,9 +718,46 @@ def test_stablelms_parallel_residual_is_estimated_as_measured(attention: str) ->
         assert activation_bytes(facts.arch, run.step, tier) == measured, tier
 
 
-@pytest.mark.parametrize(("field", "value"), [("qk_layernorm", True), ("hidden_dropout", 0.1)])
-def test_stablelms_undescribed_options_are_config_errors(field: str, value: object) -> None:
-    config = {**load_preset("llama-3.2-1b"), **dict(STABLELM), field: value}
+@pytest.mark.parametrize("targets", [None, ["q_proj", "k_proj", "v_proj", "dense"]])
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_phis_lora_matches_peft_on_meta(attention: str, targets: list[str] | None) -> None:
+    """Phi's linears by its own names (the attention's ``dense``, the MLP's ``fc1`` /
+    ``fc2``): PEFT's adapters on them, trained with residual and embedding dropout as PEFT
+    trains with checkpointing, have the estimate's trainable parameters and keep its
+    activations to the byte."""
+    from peft import LoraConfig, get_peft_model
+
+    model_input = {"config": {**load_preset("llama-3.2-1b"), **dict(PHI)}}
+    base = build_meta_model(load_model_config(model_input), attention=attention)
+    lora = LoraConfig(r=16, target_modules=targets or "all-linear", lora_dropout=0.0)
+    peft_model = get_peft_model(base.to(torch.bfloat16), lora)
+    peft_model.enable_input_require_grads()
+    shape = {"seq_len": 512, "micro_batch_size": 2, "attention": attention}
+    workload = {**shape, "method": "lora", "lora_rank": 16}
+    if targets:
+        workload["lora_targets"] = targets
+    run = prepare(model_facts(model_input), parse_workload(workload))
+    trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    assert run.static.trainable_parameters == trainable
+    for tier in TIERS:
+        measured = measure_activation_bytes(peft_model, tier, **shape)
+        assert activation_bytes(run.facts.arch, run.step, tier) == measured, tier
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field", "value"),
+    [
+        (STABLELM, "qk_layernorm", True),
+        (STABLELM, "hidden_dropout", 0.1),
+        (PHI, "qk_layernorm", True),
+    ],
+    ids=["stablelm-qk_layernorm", "stablelm-hidden_dropout", "phi-qk_layernorm"],
+)
+def test_undescribed_layer_options_are_config_errors(
+    overrides: tuple[tuple[str, Any], ...], field: str, value: object
+) -> None:
+    """StableLM's and Phi's per-head q / k LayerNorms and StableLM's MLP-only dropout."""
+    config = {**load_preset("llama-3.2-1b"), **dict(overrides), field: value}
     with pytest.raises(ModelConfigError) as raised:
         make_plan("auto", gpu="A100-80GB", model={"config": config}, workload={"seq_len": 64})
     assert raised.value.field == f"model.config.{field}"
@@ -746,6 +785,8 @@ def test_a_valid_sliding_window_is_estimated() -> None:
         ("cohere", 0.0),
         ("cohere2", 0.0),
         ("stablelm", 0.0),
+        ("phi", 0.0),
+        ("phi", 0.1),
         ("hunyuan_v1_dense", 0.0),
         ("gemma", 0.0),
         ("deepseek_v3", 0.0),

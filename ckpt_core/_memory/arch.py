@@ -68,6 +68,7 @@ class Arch:
     fused_gate_up: bool = False
     qkv_bias: bool = False
     o_bias: bool = False  # o_proj's (some models bias q / k / v only)
+    o_name: str = "o_proj"  # the attention's output projection (Phi's ``dense``)
     norm: str = "rms"  # rms | rms_gemma | rms_olmo | layer | t5 | cohere
     qk_norm: str = ""  # "" | head | full
     # DeepSeek-V3's multi-head latent attention (MLA) when ``kv_lora_rank``: k and v are
@@ -156,6 +157,7 @@ class Arch:
     # residual (one norm per block).
     parallel_block: bool = False
     logit_scale: bool = False  # the LM head's output is scaled (Cohere: `logits * logit_scale`)
+    head_bias: bool = False  # the LM head has a bias (Phi)
     # The MLP's input (without a gate) and output projections: StarCoder2's c_fc / c_proj.
     mlp_names: tuple[str, str] = ("up_proj", "down_proj")
     vision: Vision | None = None

@@ -289,7 +289,9 @@ def attend(
             held.append(weights)
     else:
         attn = fused_attention(sim, query, key, value, arch=arch, recipe=recipe, mask=mask)
-    out = linear(sim, attn, "self_attn.o_proj", (arch.heads * arch.head_dim, arch.hidden), recipe)
+    out = linear(
+        sim, attn, f"self_attn.{arch.o_name}", (arch.heads * arch.head_dim, arch.hidden), recipe
+    )
     sim.drop(attn)
     return out
 

@@ -77,7 +77,7 @@ def simulate(arch: Arch, tier: str, recipe: TraceRecipe) -> tuple[int, int]:
 def _linears(arch: Arch) -> list[tuple[str, int, int]]:
     h, q, kv = arch.hidden, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
     inter = arch.intermediate or arch.moe_intermediate * max(1, arch.top_k)
-    output = ("self_attn.o_proj", q, h)
+    output = (f"self_attn.{arch.o_name}", q, h)
     if arch.fused_qkv:  # Phi3Attention.__init__ makes o_proj first
         attention = [output, ("self_attn.qkv_proj", h, q + 2 * kv)]
     else:

@@ -1,4 +1,4 @@
-"""The decoder family: Llama, Mistral, Mixtral, Qwen2/3 (+ MoE), Phi-3, OLMo-2, OLMoE,
+"""The decoder family: Llama, Mistral, Mixtral, Qwen2/3 (+ MoE), Phi (2, 3), OLMo-2, OLMoE,
 Gemma (1, 2, 3), GLM-4 (and 4.5), EXAONE 4 and their kin.
 
 What the memory model knows about these models once their config is read
@@ -91,7 +91,7 @@ def _param_layout(arch: Arch) -> ParamLayout:
             Linear("self_attn.v_proj", h, kv, n, arch.qkv_bias),
         ]
     )
-    attention.append(Linear("self_attn.o_proj", q, h, n, arch.o_bias))
+    attention.append(Linear(f"self_attn.{arch.o_name}", q, h, n, arch.o_bias))
     if arch.kv_lora_rank:
         attention = mla_linears(arch)
     mlp_bias = arch.mlp_bias
@@ -133,7 +133,8 @@ def _param_layout(arch: Arch) -> ParamLayout:
     sinks = arch.heads if arch.attn_sinks else 0
     latent_norms = mla_norm_parameters(arch) if arch.kv_lora_rank else 0
     final_norm = norm_width
-    other = n * (norms_per_block + qk_norm + sinks + latent_norms) + router + final_norm
+    head_bias = arch.vocab if arch.head_bias else 0
+    other = n * (norms_per_block + qk_norm + sinks + latent_norms) + router + final_norm + head_bias
     linears = tuple(item for item in (*attention, *mlp) if item.count)
     idle = sum(vision_tensors(arch))
     layout = ParamLayout(linears, experts, embedding_parameters(arch), other, idle)
@@ -201,14 +202,15 @@ def _block(arch: Arch, step: Step, mode: BlockMode, kind: BlockKind) -> Ledger:
         mla_attention(led, arch, step, attn_in, sliding)
     else:
         _attention(led, arch, step, attn_in, sliding)
-    if arch.parallel_block:  # Cohere's MLP reads the attention's normed input too
-        glu_mlp(led, arch, step, attn_in)
-        return led
-    # Residual dropout on each branch's output (Phi-3's in the layer, Seed-OSS's inside
-    # self_attn, whose checkpoint recomputes it) keeps a mask.
+    # Residual dropout on each branch's output (Phi-3's and Phi's in the layer, Seed-OSS's
+    # inside self_attn, whose checkpoint recomputes it) keeps a mask.
     p = arch.hidden_dropout
     if mode != "selective" or not arch.dropout_in_attention:
         dropout(led, step, "attn.out", tag="attn.resid_dropout", p=p, elements=tokens * h)
+    if arch.parallel_block:  # Cohere's and Phi's MLP read the attention's normed input too
+        _dense_mlp(led, arch, step, attn_in)
+        dropout(led, step, "mlp.out", tag="mlp.resid_dropout", p=p, elements=tokens * h)
+        return led
     if arch.sandwich:
         norm(led, step, "attn.out", "ln_post_attn", kind=arch.norm, rows=tokens, width=h)
     if arch.sandwich == "gemma":
@@ -221,14 +223,19 @@ def _block(arch: Arch, step: Step, mode: BlockMode, kind: BlockKind) -> Ledger:
         clamped_routed_mlp(led, arch, step, mlp_in)
     elif moe:
         routed_mlp(led, arch, step, mlp_in)
-    elif arch.glu:
-        glu_mlp(led, arch, step, mlp_in)
     else:
-        two_matrix_mlp(led, arch, step, mlp_in, tuple(f"mlp.{name}" for name in arch.mlp_names))
+        _dense_mlp(led, arch, step, mlp_in)
     dropout(led, step, "mlp.out", tag="mlp.resid_dropout", p=p, elements=tokens * h)
     if arch.sandwich:
         norm(led, step, "mlp.out", "ln_post_mlp", kind=arch.norm, rows=tokens, width=h)
     return led
+
+
+def _dense_mlp(led: Ledger, arch: Arch, step: Step, x: str) -> None:
+    if arch.glu:
+        glu_mlp(led, arch, step, x)
+    else:
+        two_matrix_mlp(led, arch, step, x, tuple(f"mlp.{name}" for name in arch.mlp_names))
 
 
 def _block_inputs(led: Ledger, arch: Arch, step: Step, sliding: bool) -> None:
@@ -268,7 +275,7 @@ def _attention(led: Ledger, arch: Arch, step: Step, x: str, sliding: bool) -> No
         led.keep("q_scale", elem_bytes * step.seq)
     mask = mask_kind(arch, step, sliding)
     out = attention_core(led, arch, step, ("q_rope", "k_rope", v, v_bytes), mask=mask)
-    linear(led, step, out, q, "self_attn.o_proj")
+    linear(led, step, out, q, f"self_attn.{arch.o_name}")
 
 
 # --- FLOPs ------------------------------------------------------------------------
@@ -321,7 +328,7 @@ def _trace(arch: Arch) -> TraceModel:
 
 
 def _replayed_exactly(arch: Arch) -> bool:
-    """Every dense decoder but MLA's, LayerNorm's (StarCoder2, StableLM) and Command R's
+    """Every dense decoder but MLA's, LayerNorm's (StarCoder2, StableLM, Phi) and Command R's
     with q / k norms (replayed as Llama's block at their sizes) and those with residual
     dropout (not replayed); an MoE layer's routing is not replayed."""
     return (
@@ -364,6 +371,7 @@ FAMILY = Family(
         "cohere",
         "cohere2",
         "stablelm",
+        "phi",
         "hunyuan_v1_dense",
         "gemma",
         "gemma2",

@@ -57,6 +57,15 @@ def _text_arch(config: Any, model_type: str) -> Arch:
     stablelm = model_type == "stablelm"
     if stablelm:
         _check_stablelm(config)
+    # Phi (1, 1.5, 2): StableLM's parallel layer with a GELU MLP (fc1, fc2), biases on
+    # every linear (its attention's output is ``dense``, its LM head biased too), and
+    # dropout on the embeddings and each branch's output.
+    phi = model_type == "phi"
+    if phi and getattr(config, "qk_layernorm", False):
+        raise ModelConfigError(
+            "Phi's qk_layernorm (a LayerNorm per head) is not described by the memory model",
+            field="model.config.qk_layernorm",
+        )
     # ERNIE 4.5: fp32 cos / sin, interleaved into copies in every layer (as GLM-4's)
     ernie = model_type == "ernie4_5"
     # Qwen2MoeConfig sets the window to 0 without use_sliding_window; its model still
@@ -78,10 +87,10 @@ def _text_arch(config: Any, model_type: str) -> Arch:
     post_norms = olmo or model_type == "exaone4"  # EXAONE 4: OLMo-2's layout, Llama's norm
     # gpt-oss scales by its weight in fp32 before the cast back, as OLMo-2 does.
     norm = "rms_gemma" if gemma else "rms_olmo" if olmo or gpt_oss else "rms"
-    norm = "layer" if starcoder2 or stablelm else "cohere" if cohere else norm
+    norm = "layer" if starcoder2 or stablelm or phi else "cohere" if cohere else norm
     bias_key = "qkv_bias" if qwen2_moe else "use_bias" if ernie or starcoder2 else "attention_bias"
     bias_key = "use_qkv_bias" if stablelm else bias_key
-    qkv_bias = model_type == "qwen2" or bool(getattr(config, bias_key, False))
+    qkv_bias = model_type in ("qwen2", "phi") or bool(getattr(config, bias_key, False))
     kv_heads = read_int(config, "num_key_value_heads", default=heads)
     rotary_dim = _rotary_dim(config, head_dim)
     if deepseek:  # config.head_dim is the rotated part: q's and k's heads are wider
@@ -100,7 +109,7 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         vocab=read_int(config, "vocab_size"),
         tied=bool(getattr(config, "tie_word_embeddings", False)),
         act=read_activation(config, "hidden_activation", "hidden_act"),
-        glu=not starcoder2,
+        glu=not (starcoder2 or phi),
         fused_qkv=model_type == "phi3",
         fused_gate_up=model_type == "phi3" or glm,
         qkv_bias=qkv_bias,
@@ -112,7 +121,7 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         sandwich="gemma" if sandwiched else "olmo2" if post_norms else "",
         rope_fp32=olmo or ernie,
         rope_per_kind=model_type in ("gemma3_text", "gemma3", "olmo3"),
-        rope_concat=model_type in ("phi3", "glm4", "glm", "glm4_moe", "gpt_oss", "stablelm"),
+        rope_concat=model_type in ("phi3", "glm4", "glm", "glm4_moe", "gpt_oss", "stablelm", "phi"),
         rotary_dim=rotary_dim,
         rope_interleaved=glm or ernie,
         rope_halves=gpt_oss,
@@ -157,23 +166,37 @@ def _text_arch(config: Any, model_type: str) -> Arch:
             getattr(config, "residual_dropout" if seed or starcoder2 else "resid_pdrop", 0.0) or 0.0
         ),
         dropout_in_attention=seed or starcoder2,
-        # Phi-3's config has embd_pdrop, which its model does not apply.
-        embed_dropout=float(getattr(config, "embedding_dropout", 0.0) or 0.0)
+        embed_dropout=_embed_dropout(config, model_type),
+        mlp_bias=phi
+        or bool(getattr(config, "use_bias" if ernie or starcoder2 else "mlp_bias", False)),
+        mlp_names=("c_fc", "c_proj")
         if starcoder2
-        else 0.0,
-        mlp_bias=bool(getattr(config, "use_bias" if ernie or starcoder2 else "mlp_bias", False)),
-        mlp_names=("c_fc", "c_proj") if starcoder2 else ("up_proj", "down_proj"),
+        else ("fc1", "fc2")
+        if phi
+        else ("up_proj", "down_proj"),
+        o_name="dense" if phi else "o_proj",
+        head_bias=phi,
         logit_scale=cohere,
         parallel_block=cohere
+        or phi
         or (stablelm and bool(getattr(config, "use_parallel_residual", False))),
     )
 
 
+def _embed_dropout(config: Any, model_type: str) -> float:
+    """StarCoder2's and Phi's dropout on the embeddings (Phi-3's config has embd_pdrop,
+    which its model does not apply)."""
+    key = {"starcoder2": "embedding_dropout", "phi": "embd_pdrop"}.get(model_type)
+    return float(getattr(config, key, 0.0) or 0.0) if key else 0.0
+
+
 def _o_bias(config: Any, model_type: str, qkv_bias: bool) -> bool:
-    """o_proj's bias: Seed-OSS's own flag; as q / k / v's, but for the models that bias
-    q / k / v only (Qwen2 and Qwen2-MoE, GLM, GLM-4 and 4.5, StableLM)."""
+    """o_proj's bias: Seed-OSS's own flag; Phi's always; as q / k / v's, but for the models
+    that bias q / k / v only (Qwen2 and Qwen2-MoE, GLM, GLM-4 and 4.5, StableLM)."""
     if model_type == "seed_oss":
         return bool(getattr(config, "attention_out_bias", False))
+    if model_type == "phi":
+        return True
     only_qkv = ("qwen2", "qwen2_moe", "glm4", "glm", "glm4_moe", "stablelm")
     return qkv_bias and model_type not in only_qkv
 
