@@ -56,7 +56,11 @@ from ckpt_core._memory.allocator import MIB, CachingAllocator
 TARGETS: Final = ["q_proj", "k_proj", "v_proj", "o_proj"]
 FUSED_TARGETS: Final = ["qkv_proj", "o_proj"]  # Phi-3
 T5_TARGETS: Final = ["q", "k", "v", "o"]  # self- and cross-attention
-PHI_TARGETS: Final = ["q_proj", "k_proj", "v_proj", "dense"]  # Phi (1, 1.5, 2)
+# LoRA on the attention of model types (a config override's) whose linears are named otherwise.
+TARGETS_BY_TYPE: Final = {
+    "phi": ["q_proj", "k_proj", "v_proj", "dense"],
+    "gpt_neox": ["query_key_value", "dense"],
+}
 PRESETS: Final = ("llama-3.2-1b", "qwen2.5-0.5b", "gemma-3-1b", "phi-3-mini", "qwen3-8b")
 GPU: Final = "A100-80GB"  # the workspace size; the context is taken off the estimate
 
@@ -78,8 +82,8 @@ class Case:
     def targets(self) -> list[str]:
         if self.preset.startswith("t5-"):
             return T5_TARGETS
-        if dict(self.overrides).get("model_type") == "phi":
-            return PHI_TARGETS
+        if dict(self.overrides).get("model_type") in TARGETS_BY_TYPE:
+            return TARGETS_BY_TYPE[dict(self.overrides)["model_type"]]
         return FUSED_TARGETS if self.preset.startswith("phi-") else TARGETS
 
     @property

@@ -276,6 +276,22 @@ PHI: Final = (
     ("rope_scaling", None),
 )
 
+# GPT-NeoX (Pythia) on Llama 3.2 1B's sizes, its heads all kv heads: one fused biased
+# query_key_value, RoPE on the leading quarter of each head, two LayerNorms, a GELU MLP
+# (dense_h_to_4h, dense_4h_to_h), dropout on the embeddings and each branch; the parallel
+# residual by default, and sequential.
+GPT_NEOX: Final = (
+    ("model_type", "gpt_neox"),
+    ("architectures", ["GPTNeoXForCausalLM"]),
+    ("num_key_value_heads", None),
+    ("hidden_act", "gelu"),
+    ("partial_rotary_factor", 0.25),
+    ("hidden_dropout", 0.1),
+    ("tie_word_embeddings", False),
+    ("rope_scaling", None),
+)
+GPT_NEOX_SEQUENTIAL: Final = (*GPT_NEOX, ("use_parallel_residual", False))
+
 # Gemma (1) on Llama 3.2 1B's sizes, with Gemma's wide heads (heads x head_dim = twice the
 # hidden size, as Gemma 7B's 16 x 256 against 3072): Llama's layer with Gemma's norms,
 # GeGLU and scaled, tied embeddings.

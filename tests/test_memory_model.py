@@ -40,6 +40,8 @@ from tests._model_configs import (
     GLM4_MOE,
     GLM4_MOE_GROUPED,
     GLM4_MOE_LITE,
+    GPT_NEOX,
+    GPT_NEOX_SEQUENTIAL,
     GPT_OSS,
     GRANITE,
     HUNYUAN,
@@ -341,6 +343,7 @@ CONFIGS = {
             PHI,
         )
     },
+    "gpt_neox": {**load_preset("llama-3.2-1b"), **dict(GPT_NEOX)},
 }
 
 
@@ -703,13 +706,22 @@ def test_a_config_without_the_head_dim_its_attention_reads_is_a_config_error(
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
-def test_stablelms_parallel_residual_is_estimated_as_measured(attention: str) -> None:
-    """GPT-NeoX's parallel residual (``use_parallel_residual``): one LayerNorm read by the
-    attention and the MLP; the parameter count and the kept bytes to the byte."""
-    model_input = {"config": {**load_preset("llama-3.2-1b"), **dict(STABLELM_PARALLEL)}}
+@pytest.mark.parametrize(
+    ("variant", "base"),
+    [(STABLELM_PARALLEL, STABLELM), (GPT_NEOX_SEQUENTIAL, GPT_NEOX)],
+    ids=["stablelm-parallel", "gpt_neox-sequential"],
+)
+def test_a_residual_layout_variant_is_estimated_as_measured(
+    variant: tuple[tuple[str, Any], ...], base: tuple[tuple[str, Any], ...], attention: str
+) -> None:
+    """``use_parallel_residual``: StableLM's parallel residual (one LayerNorm read by the
+    attention and the MLP), GPT-NeoX's sequential one (its MLP's norm reads the input plus
+    the attention's output); the parameter count and the kept bytes to the byte."""
+    model_input = {"config": {**load_preset("llama-3.2-1b"), **dict(variant)}}
     model = build_meta_model(load_model_config(model_input), attention=attention)
     facts = model_facts(model_input)
-    assert facts.arch.parallel_block
+    base_input = {"config": {**load_preset("llama-3.2-1b"), **dict(base)}}
+    assert facts.arch != model_facts(base_input).arch
     assert facts.layout.total == count_parameters(model)
     shape = {"seq_len": 1024, "micro_batch_size": 2, "attention": attention}
     run = prepare(facts, parse_workload(shape))
@@ -718,16 +730,28 @@ def test_stablelms_parallel_residual_is_estimated_as_measured(attention: str) ->
         assert activation_bytes(facts.arch, run.step, tier) == measured, tier
 
 
-@pytest.mark.parametrize("targets", [None, ["q_proj", "k_proj", "v_proj", "dense"]])
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
-def test_phis_lora_matches_peft_on_meta(attention: str, targets: list[str] | None) -> None:
-    """Phi's linears by its own names (the attention's ``dense``, the MLP's ``fc1`` /
-    ``fc2``): PEFT's adapters on them, trained with residual and embedding dropout as PEFT
-    trains with checkpointing, have the estimate's trainable parameters and keep its
-    activations to the byte."""
+@pytest.mark.parametrize(
+    ("overrides", "targets"),
+    [
+        (PHI, None),
+        (PHI, ["q_proj", "k_proj", "v_proj", "dense"]),
+        (GPT_NEOX, None),
+        (GPT_NEOX, ["query_key_value", "dense"]),
+    ],
+    ids=["phi-all", "phi-attention", "gpt_neox-all", "gpt_neox-attention"],
+)
+def test_lora_on_linears_named_otherwise_matches_peft_on_meta(
+    overrides: tuple[tuple[str, Any], ...], targets: list[str] | None, attention: str
+) -> None:
+    """Linears by their models' own names (Phi's ``dense``, ``fc1`` / ``fc2``; GPT-NeoX's
+    ``query_key_value``, ``dense``, ``dense_h_to_4h`` / ``dense_4h_to_h``): PEFT's
+    adapters on them, trained with residual and embedding dropout as PEFT trains with
+    checkpointing, have the estimate's trainable parameters and keep its activations to
+    the byte."""
     from peft import LoraConfig, get_peft_model
 
-    model_input = {"config": {**load_preset("llama-3.2-1b"), **dict(PHI)}}
+    model_input = {"config": {**load_preset("llama-3.2-1b"), **dict(overrides)}}
     base = build_meta_model(load_model_config(model_input), attention=attention)
     lora = LoraConfig(r=16, target_modules=targets or "all-linear", lora_dropout=0.0)
     peft_model = get_peft_model(base.to(torch.bfloat16), lora)
@@ -787,6 +811,8 @@ def test_a_valid_sliding_window_is_estimated() -> None:
         ("stablelm", 0.0),
         ("phi", 0.0),
         ("phi", 0.1),
+        ("gpt_neox", 0.0),
+        ("gpt_neox", 0.1),
         ("hunyuan_v1_dense", 0.0),
         ("gemma", 0.0),
         ("deepseek_v3", 0.0),

@@ -18,6 +18,7 @@ from tests._model_configs import (
     GEMMA,
     GLM,
     GLM4,
+    GPT_NEOX,
     GRANITE,
     HUNYUAN,
     MINISTRAL,
@@ -97,15 +98,16 @@ def test_the_replay_allocates_what_the_real_op_order_does(case: Case) -> None:
         (STARCODER2, "full", "selective"),
         (COHERE, "lora", "full"),  # its pool's furthest from the real order's
         (PHI, "lora", "full"),  # Phi's lowest pool against the real order's
+        (GPT_NEOX, "full", "full"),  # GPT-NeoX's
     ],
-    ids=["starcoder2-off", "starcoder2-selective", "cohere-full", "phi-full"],
+    ids=["starcoder2-off", "starcoder2-selective", "cohere-full", "phi-full", "gpt_neox-full"],
 )
 def test_a_model_replayed_as_llamas_block_stays_within_its_band(
     overrides: tuple[tuple[str, Any], ...], method: str, tier: str
 ) -> None:
     """StarCoder2 (LayerNorms, a GELU MLP, biases, dropout on the embeddings and each
-    branch) and Phi (its parallel layer) are replayed as Llama's block at their sizes,
-    and Command R with per-head q /
+    branch), Phi and GPT-NeoX (their parallel layers, GPT-NeoX's fused q / k / v) are
+    replayed as Llama's block at their sizes, and Command R with per-head q /
     k norms as its own layer without them: their allocated peak comes from the closed
     form, equal to the real order's within 0.2%; their pool may miss by more than a
     replayed model's, within the band their verdicts get (`CLOSED_FORM_BANDS`)."""

@@ -92,7 +92,7 @@ def _text_arch(config: Any, model_type: str) -> Arch:
     bias_key = "use_qkv_bias" if stablelm else bias_key
     qkv_bias = model_type in ("qwen2", "phi") or bool(getattr(config, bias_key, False))
     kv_heads = read_int(config, "num_key_value_heads", default=heads)
-    rotary_dim = _rotary_dim(config, head_dim)
+    rotary_dim = read_rotary_dim(config, head_dim)
     if deepseek:  # config.head_dim is the rotated part: q's and k's heads are wider
         rotary_dim = read_int(config, "qk_rope_head_dim")
         head_dim = read_int(config, "qk_nope_head_dim") + rotary_dim
@@ -248,7 +248,7 @@ def _nope_layers(
     return tuple(not use for use in getattr(config, "no_rope_layers", None) or ())
 
 
-def _rotary_dim(config: Any, head_dim: int) -> int:
+def read_rotary_dim(config: Any, head_dim: int) -> int:
     """The slice of each head RoPE rotates: ``partial_rotary_factor`` of it (Phi-4-mini,
     GLM-4), from the rope parameters transformers standardized."""
     params = getattr(config, "rope_parameters", None)
