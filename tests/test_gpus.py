@@ -20,6 +20,12 @@ LANDS = {
     "RTX 3080 Ti": "full",
     "RTX 4060 Ti-16GB": "full",
     "RTX 4000 Ada": "full",
+    "RTX 3060 Ti": "full",
+    "RTX 3070": "full",
+    "RTX 4070 Ti SUPER": "full",
+    "RTX 4080": "full",
+    "RTX 4080 SUPER": "full",
+    "P40": "full",
     "RTX 3090": "full",
     "RTX 4090": "full",
     "RTX 3090 Ti": "full",
@@ -126,8 +132,17 @@ def test_an_ambiguous_name_lists_the_candidates(name: str, candidates: tuple[str
 
 def test_a_unique_prefix_is_a_question_not_a_guess() -> None:
     # torch names the 8 GB and the 12 GB RTX 3060 alike: answering 12 GB could be wrong.
-    with pytest.raises(ckpt_core.UnknownGpuError, match="did you mean RTX 3060-12GB"):
+    with pytest.raises(ckpt_core.UnknownGpuError, match=r"did you mean RTX 3060-12GB\?") as raised:
         ckpt_core.lookup_gpu("NVIDIA GeForce RTX 3060")
+    assert "3060 Ti" not in str(raised.value)  # another card, not a size of this one
+
+
+@pytest.mark.parametrize("name", ["NVIDIA GeForce RTX 4070 Ti", "NVIDIA GeForce RTX 2080"])
+def test_a_card_is_never_offered_its_ti_or_super(name: str) -> None:
+    # The RTX 4070 Ti (12 GB) is no 4070 Ti SUPER (16 GB), the 2080 (8 GB) no 2080 Ti.
+    with pytest.raises(ckpt_core.UnknownGpuError, match="; known: ") as raised:
+        ckpt_core.lookup_gpu(name)
+    assert "did you mean" not in str(raised.value)
 
 
 @pytest.mark.parametrize(

@@ -56,6 +56,20 @@ GPUS: Final[tuple[GpuSpec, ...]] = (
         "torch repr (Colab and Kaggle captures, torch 1.5 to 1.8)",
     ),
     GpuSpec(
+        "RTX 3060 Ti",
+        8,
+        7972 * _MIB,
+        ("NVIDIA GeForce RTX 3060 Ti",),
+        "deviceQuery on Linux, CUDA 12.2 (8192 MiB on Windows)",
+    ),
+    GpuSpec(
+        "RTX 3070",
+        8,
+        7817 * _MIB,
+        ("NVIDIA GeForce RTX 3070",),
+        "deviceQuery on Linux (7817 to 7974 MiB by driver; 8192 MiB on Windows)",
+    ),
+    GpuSpec(
         "RTX 2080 Ti",
         11,
         10823 * _MIB,
@@ -85,12 +99,35 @@ GPUS: Final[tuple[GpuSpec, ...]] = (
         "deviceQuery, thamada/nvidia-smi package/RTX4060Ti",
     ),
     GpuSpec(
+        "RTX 4070 Ti SUPER",
+        16,
+        15934 * _MIB,
+        ("NVIDIA GeForce RTX 4070 Ti SUPER",),
+        "torch repr, pnmartinez/simple-computer-use and mathisweil/minihack-ReMDM-planner "
+        "(15934, 15974 MiB)",
+    ),
+    GpuSpec(
+        "RTX 4080",
+        16,
+        16049 * _MIB,
+        ("NVIDIA GeForce RTX 4080",),
+        "torch repr, brainglobe/brainglobe.github.io (cellfinder's speed-up page)",
+    ),
+    GpuSpec(
+        "RTX 4080 SUPER",
+        16,
+        16072 * _MIB,
+        ("NVIDIA GeForce RTX 4080 SUPER",),
+        "deviceQuery, CUDA 12.4",
+    ),
+    GpuSpec(
         "RTX 4000 Ada",
         20,
         20147 * _MIB,
         ("NVIDIA RTX 4000 Ada Generation",),
         "deviceQuery, thamada/nvidia-smi nvsim/RTX4000Ada",
     ),
+    GpuSpec("P40", 24, 22919 * _MIB, ("Tesla P40",), "deviceQuery, CUDA 9.2 and 10.0"),
     GpuSpec("L4", 24, 22478 * _MIB, ("NVIDIA L4",), "deviceQuery, thamada/nvidia-smi gls/L4"),
     GpuSpec("A10", 24, 22516 * _MIB, ("NVIDIA A10",), "deviceQuery, detect-gpu#3"),
     GpuSpec("A10G", 24, 22587 * _MIB, ("NVIDIA A10G",), "torch repr, NVIDIA/DCGM#232"),
@@ -230,6 +267,9 @@ def _index() -> dict[str, GpuSpec]:
 
 
 _BY_KEY: Final[dict[str, GpuSpec]] = _index()
+# A name followed by one of these is another card (RTX 3060 Ti is no RTX 3060), not a
+# memory size of the same one (RTX 3060-12GB).
+_OTHER_CARD: Final = ("ti", "super")
 
 
 def lookup_gpu(name: str) -> GpuSpec:
@@ -242,7 +282,11 @@ def lookup_gpu(name: str) -> GpuSpec:
         return spec
     # A name that starts several table names ("A100", "H100") says too little to choose.
     candidates = sorted(
-        {spec.name for alias, spec in _BY_KEY.items() if key and alias.startswith(key)}
+        {
+            spec.name
+            for alias, spec in _BY_KEY.items()
+            if key and alias.startswith(key) and not alias[len(key) :].startswith(_OTHER_CARD)
+        }
     )
     if len(candidates) > 1:
         raise UnknownGpuError(
