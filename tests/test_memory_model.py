@@ -276,18 +276,26 @@ def test_lora_matches_peft_on_meta(preset: str, targets: list[str] | None, atten
     (``enable_input_require_grads``): the same trainable parameters, and activations to
     the byte.  Eager attention's output is o_proj's input, kept only when o_proj is
     trained (its adapter keeps an fp32 copy of its own)."""
+    assert_lora_matches_peft({"preset": preset}, targets, attention)
+
+
+def assert_lora_matches_peft(
+    model_input: dict[str, Any], targets: list[str] | None, attention: str
+) -> None:
+    """PEFT's LoRA (rank 16, ``targets`` or all-linear) on the meta model, trained with
+    ``enable_input_require_grads``: the estimate's trainable parameters, and its
+    activations to the byte on every tier."""
     from peft import LoraConfig, get_peft_model
 
-    config = load_model_config({"preset": preset})
-    base = build_meta_model(config, attention=attention).to(torch.bfloat16)
+    base = build_meta_model(load_model_config(model_input), attention=attention)
     lora = LoraConfig(r=16, target_modules=targets or "all-linear", lora_dropout=0.0)
-    peft_model = get_peft_model(base, lora)
+    peft_model = get_peft_model(base.to(torch.bfloat16), lora)
     peft_model.enable_input_require_grads()
     shape = {"seq_len": 512, "micro_batch_size": 2, "attention": attention}
     workload = {**shape, "method": "lora", "lora_rank": 16}
     if targets:
         workload["lora_targets"] = targets
-    run = run_for(preset, **workload)
+    run = prepare(model_facts(model_input), parse_workload(workload))
     trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     assert run.static.trainable_parameters == trainable
     for tier in TIERS:
@@ -749,23 +757,8 @@ def test_lora_on_linears_named_otherwise_matches_peft_on_meta(
     adapters on them, trained with residual and embedding dropout as PEFT trains with
     checkpointing, have the estimate's trainable parameters and keep its activations to
     the byte."""
-    from peft import LoraConfig, get_peft_model
-
     model_input = {"config": {**load_preset("llama-3.2-1b"), **dict(overrides)}}
-    base = build_meta_model(load_model_config(model_input), attention=attention)
-    lora = LoraConfig(r=16, target_modules=targets or "all-linear", lora_dropout=0.0)
-    peft_model = get_peft_model(base.to(torch.bfloat16), lora)
-    peft_model.enable_input_require_grads()
-    shape = {"seq_len": 512, "micro_batch_size": 2, "attention": attention}
-    workload = {**shape, "method": "lora", "lora_rank": 16}
-    if targets:
-        workload["lora_targets"] = targets
-    run = prepare(model_facts(model_input), parse_workload(workload))
-    trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
-    assert run.static.trainable_parameters == trainable
-    for tier in TIERS:
-        measured = measure_activation_bytes(peft_model, tier, **shape)
-        assert activation_bytes(run.facts.arch, run.step, tier) == measured, tier
+    assert_lora_matches_peft(model_input, targets, attention)
 
 
 @pytest.mark.parametrize(

@@ -11,16 +11,11 @@ from typing import Any
 from ckpt_core._errors import ModelConfigError
 from ckpt_core._memory.arch import Arch, BlockKind, read_int
 from ckpt_core._memory.attention import attention_core, mask_kind, rope_tables
-from ckpt_core._memory.costs import (
-    BlockFlops,
-    attention_block_flops,
-    dense_mlp_flops,
-    lm_head_flops,
-)
+from ckpt_core._memory.costs import lm_head_flops
 from ckpt_core._memory.families.common import (
-    hidden_elements,
-    keep_mask,
+    dense_block_flops,
     layer_norm_lm_head,
+    layer_norm_rotary_attention,
     two_matrix_mlp,
 )
 from ckpt_core._memory.family import Family, single_stack, uniform_blocks
@@ -105,17 +100,12 @@ def _embed(arch: Arch, step: Step) -> Ledger:
 def _block(arch: Arch, step: Step, mode: BlockMode, kind: BlockKind) -> Ledger:
     """Falcon: parallel attention and MLP from one (7B) or two (new architecture) norms."""
     led = Ledger()
-    elem_bytes, n, rows, h = step.dtype_bytes, hidden_elements(arch, step), step.tokens, arch.hidden
-    if mode == "full":
-        led.keep("in", elem_bytes * n)
-        _inputs(led, arch, step)
+    attn_in = layer_norm_rotary_attention(
+        led, arch, step, mode, mask=_mask(arch, step), attention=_attention
+    )
+    if attn_in is None:
         return led
-    attn_in = norm(led, step, "in", "ln_attn", kind="layer", rows=rows, width=h)
-    if mode == "selective":
-        led.keep(attn_in, elem_bytes * n)
-        _inputs(led, arch, step)
-    else:
-        _attention(led, arch, step, attn_in)
+    rows, h = step.tokens, arch.hidden
     if not arch.parallel_attn:
         mlp_in = norm(led, step, "mid", "ln_mlp", kind="layer", rows=rows, width=h)
     elif arch.falcon_norms == 2:
@@ -124,12 +114,6 @@ def _block(arch: Arch, step: Step, mode: BlockMode, kind: BlockKind) -> Ledger:
         mlp_in = attn_in  # one norm feeds both branches
     two_matrix_mlp(led, arch, step, mlp_in, ("mlp.dense_h_to_4h", "mlp.dense_4h_to_h"))
     return led
-
-
-def _inputs(led: Ledger, arch: Arch, step: Step) -> None:
-    rope_tables(led, arch, step, sliding=False)
-    led.keep(f"{GLOBAL}position_ids", 8 * step.seq)
-    keep_mask(led, step, _mask(arch, step))
 
 
 def _attention(led: Ledger, arch: Arch, step: Step, x: str) -> None:
@@ -146,16 +130,6 @@ def _mask(arch: Arch, step: Step) -> str | None:
     return mask_kind(arch, step, sliding=False, sdpa_always=True)
 
 
-def _block_flops(arch: Arch, step: Step, kind: BlockKind) -> BlockFlops:
-    return attention_block_flops(
-        arch,
-        step,
-        mlp=dense_mlp_flops(arch, step),
-        attention_kept_after=False,
-        mlp_kept_after=arch.hidden_dropout > 0,
-    )
-
-
 FAMILY = Family(
     name="falcon",
     model_types=("falcon",),
@@ -166,6 +140,6 @@ FAMILY = Family(
     embed_ledger=_embed,
     head_ledger=layer_norm_lm_head,
     block_ledger=_block,
-    block_flops=_block_flops,
+    block_flops=dense_block_flops,
     head_flops=lm_head_flops,
 )

@@ -17,17 +17,13 @@ from __future__ import annotations
 from typing import Any
 
 from ckpt_core._memory.arch import Arch, BlockKind, read_activation, read_int
-from ckpt_core._memory.attention import attention_core, mask_kind, rope_products, rope_tables
-from ckpt_core._memory.costs import (
-    BlockFlops,
-    attention_block_flops,
-    dense_mlp_flops,
-    lm_head_flops,
-)
+from ckpt_core._memory.attention import attention_core, mask_kind, rope_products
+from ckpt_core._memory.costs import lm_head_flops
 from ckpt_core._memory.families.common import (
+    dense_block_flops,
     hidden_elements,
-    keep_mask,
     layer_norm_lm_head,
+    layer_norm_rotary_attention,
     two_matrix_mlp,
 )
 from ckpt_core._memory.families.decoder_config import read_rotary_dim
@@ -103,32 +99,18 @@ def _embed(arch: Arch, step: Step) -> Ledger:
 
 def _block(arch: Arch, step: Step, mode: BlockMode, kind: BlockKind) -> Ledger:
     led = Ledger()
-    elem_bytes, n, rows, h = step.dtype_bytes, hidden_elements(arch, step), step.tokens, arch.hidden
-    if mode == "full":
-        led.keep("in", elem_bytes * n)
-        _inputs(led, arch, step)
-        return led
-    attn_in = norm(led, step, "in", "ln_attn", kind="layer", rows=rows, width=h)
-    if mode == "selective":
-        led.keep(attn_in, elem_bytes * n)
-        _inputs(led, arch, step)
-    else:
-        _attention(led, arch, step, attn_in)
-    p = arch.hidden_dropout
-    dropout(led, step, "attn.out", tag="attn.dropout_out", p=p, elements=n)
-    mlp_in = norm(
-        led, step, "in" if arch.parallel_attn else "mid", "ln_mlp", kind="layer", rows=rows, width=h
+    attn_in = layer_norm_rotary_attention(
+        led, arch, step, mode, mask=_mask(arch, step), attention=_attention
     )
+    if attn_in is None:
+        return led
+    n, p = hidden_elements(arch, step), arch.hidden_dropout
+    dropout(led, step, "attn.out", tag="attn.dropout_out", p=p, elements=n)
+    mlp_x = "in" if arch.parallel_attn else "mid"  # the block's input, or plus the attention's
+    mlp_in = norm(led, step, mlp_x, "ln_mlp", kind="layer", rows=step.tokens, width=arch.hidden)
     two_matrix_mlp(led, arch, step, mlp_in, MLP)
     dropout(led, step, "mlp.out", tag="mlp.dropout_out", p=p, elements=n)
     return led
-
-
-def _inputs(led: Ledger, arch: Arch, step: Step) -> None:
-    """What a checkpointed block or attention keeps besides its hidden states."""
-    rope_tables(led, arch, step, sliding=False)
-    led.keep(f"{GLOBAL}position_ids", 8 * step.seq)
-    keep_mask(led, step, _mask(arch, step))
 
 
 def _attention(led: Ledger, arch: Arch, step: Step, x: str) -> None:
@@ -144,16 +126,6 @@ def _mask(arch: Arch, step: Step) -> str | None:
     return mask_kind(arch, step, sliding=False)
 
 
-def _block_flops(arch: Arch, step: Step, kind: BlockKind) -> BlockFlops:
-    return attention_block_flops(
-        arch,
-        step,
-        mlp=dense_mlp_flops(arch, step),
-        attention_kept_after=False,
-        mlp_kept_after=arch.hidden_dropout > 0,
-    )
-
-
 FAMILY = Family(
     name="gpt_neox",
     model_types=("gpt_neox",),
@@ -164,6 +136,6 @@ FAMILY = Family(
     embed_ledger=_embed,
     head_ledger=layer_norm_lm_head,
     block_ledger=_block,
-    block_flops=_block_flops,
+    block_flops=dense_block_flops,
     head_flops=lm_head_flops,
 )
