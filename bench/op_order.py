@@ -54,12 +54,15 @@ from bench._meta_kernels import (
 from ckpt_core._memory.allocator import MIB, CachingAllocator
 
 TARGETS: Final = ["q_proj", "k_proj", "v_proj", "o_proj"]
-FUSED_TARGETS: Final = ["qkv_proj", "o_proj"]  # Phi-3
-T5_TARGETS: Final = ["q", "k", "v", "o"]  # self- and cross-attention
-# LoRA on the attention of model types (a config override's) whose linears are named otherwise.
+# LoRA on the attention of model types whose linears are named otherwise.
 TARGETS_BY_TYPE: Final = {
+    "phi3": ["qkv_proj", "o_proj"],  # fused q / k / v
+    "t5": ["q", "k", "v", "o"],  # self- and cross-attention
     "phi": ["q_proj", "k_proj", "v_proj", "dense"],
     "gpt_neox": ["query_key_value", "dense"],
+    "falcon": ["query_key_value", "dense"],
+    "gpt2": ["c_attn", "attn.c_proj"],
+    "bert": ["query", "key", "value", "attention.output.dense"],
 }
 PRESETS: Final = ("llama-3.2-1b", "qwen2.5-0.5b", "gemma-3-1b", "phi-3-mini", "qwen3-8b")
 GPU: Final = "A100-80GB"  # the workspace size; the context is taken off the estimate
@@ -80,20 +83,20 @@ class Case:
 
     @property
     def targets(self) -> list[str]:
-        if self.preset.startswith("t5-"):
-            return T5_TARGETS
-        if dict(self.overrides).get("model_type") in TARGETS_BY_TYPE:
-            return TARGETS_BY_TYPE[dict(self.overrides)["model_type"]]
-        return FUSED_TARGETS if self.preset.startswith("phi-") else TARGETS
+        return TARGETS_BY_TYPE.get(str(self.model_config["model_type"]), TARGETS)
+
+    @property
+    def model_config(self) -> dict[str, Any]:
+        from ckpt_core._configs.presets import load_preset
+
+        return {**load_preset(self.preset), **dict(self.overrides)}
 
     @property
     def model(self) -> dict[str, Any]:
         """The model input: the preset, or its config with the overrides."""
         if not self.overrides:
             return {"preset": self.preset}
-        from ckpt_core._configs.presets import load_preset
-
-        return {"config": {**load_preset(self.preset), **dict(self.overrides)}}
+        return {"config": self.model_config}
 
 
 class _Log(TorchDispatchMode):
@@ -140,7 +143,7 @@ def _model(case: Case) -> Any:
     model = build_meta_model(config, attention=case.attention).to(dtype)
     if case.method == "qlora":
         for layer in model.get_decoder().layers:
-            for parent in (layer.self_attn, layer.mlp):
+            for parent in list(layer.modules()):  # the attention's and the MLP's linears
                 for name, child in list(parent.named_children()):
                     if isinstance(child, torch.nn.Linear):
                         shape = child.in_features, child.out_features

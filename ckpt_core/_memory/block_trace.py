@@ -201,11 +201,35 @@ def mlp(sim: Sim, x: int, *, arch: Arch, recipe: TraceRecipe) -> int:
         sim.drop(activated, up)
     else:  # a non-gated MLP (StarCoder2's c_fc, then c_proj)
         up = linear(sim, x, f"mlp.{arch.mlp_names[0]}", (h, inter), recipe)
-        product = sim.op([up], act * tokens * inter, save=[up])
+        size = act * tokens * inter
+        product = (
+            _gelu_new(sim, up, size) if arch.act == "gelu_new" else sim.op([up], size, save=[up])
+        )
         sim.drop(up)
     down = linear(sim, product, f"mlp.{arch.mlp_names[1]}", (inter, h), recipe)
     sim.drop(product, *chunks)
     return down
+
+
+def _gelu_new(sim: Sim, x: int, size: int) -> int:
+    """NewGELUActivation, written out in Python: ``0.5 * x * (1.0 + torch.tanh(c * (x +
+    0.044715 * torch.pow(x, 3.0))))``, left to right; pow keeps x, tanh its output, the
+    last product both factors."""
+    half = sim.op([x], size)
+    cube = sim.op([x], size, save=[x])
+    scaled = sim.op([cube], size)
+    sim.drop(cube)
+    inner = sim.op([x, scaled], size)
+    sim.drop(scaled)
+    times_c = sim.op([inner], size)
+    sim.drop(inner)
+    tanh = sim.op([times_c], size, save_out=True)
+    sim.drop(times_c)
+    one_plus = sim.op([tanh], size)
+    sim.drop(tanh)
+    out = sim.op([half, one_plus], size, save=[half, one_plus])
+    sim.drop(half, one_plus)
+    return out
 
 
 def attention(

@@ -71,7 +71,7 @@ def allocated_moments(
 ) -> dict[str, int]:
     """Allocated bytes at each competing moment; ``resident`` = weights + optimizer states."""
     activations = activation_bytes(arch, step, tier)
-    held = recipe.logits_bytes * step.tokens * arch.vocab
+    held = recipe.logits_bytes * step.tokens * arch.vocab + _dropped_leaf(arch, step)
     loss = resident + activations + held + loss_backward(arch, step)
     block_grads = recipe.head_gradients + recipe.block_gradients
     if recipe.gradients_held:
@@ -108,6 +108,18 @@ def allocated_moments(
         "embedding_backward": embedding,
         "optimizer_step": optimizer,
     }
+
+
+def _dropped_leaf(arch: Arch, step: Step) -> int:
+    """The embeddings' output when dropout follows it, with adapters.
+
+    PEFT's ``enable_input_require_grads`` makes the frozen embeddings' output a leaf
+    that the step's graph holds to its end; without dropout it is what the first block
+    keeps (an activation), with dropout the block keeps the dropout's output and the
+    leaf is held besides (StarCoder2, Phi, GPT-NeoX, GPT-2, BERT, T5)."""
+    if step.trainable_weights or arch.embed_dropout <= 0:
+        return 0
+    return step.residual_bytes * step.tokens * arch.hidden
 
 
 def _eager_extra(arch: Arch, step: Step, recipe: Recipe) -> int:
