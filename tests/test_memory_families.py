@@ -31,11 +31,10 @@ def test_every_preset_is_read_by_the_family_that_claims_its_type(preset: str) ->
 def test_an_unknown_model_type_names_the_supported_ones() -> None:
     config = hf_config_from_dict(
         {
-            "model_type": "gpt_neox",
+            "model_type": "bloom",
             "hidden_size": 64,
-            "num_attention_heads": 4,
-            "num_hidden_layers": 2,
-            "intermediate_size": 128,
+            "n_head": 4,
+            "n_layer": 2,
             "vocab_size": 100,
         }
     )
