@@ -461,3 +461,18 @@ def test_a_device_map_load_puts_the_whole_model_in_its_warm_up_block() -> None:
     # the weights but the adapters (fp32) and the small tensors (norms, biases)
     weights = run.static.weights - 4 * run.static.trainable_parameters
     assert segments["device_map"][0] == pytest.approx(weights, rel=0.01)
+
+
+def test_a_repeated_request_takes_its_peaks_from_the_cache() -> None:
+    """Two preparations of one LoRA workload give equal steps (their adapters a set, not a
+    bound method compared by identity), so the second asks the cached peaks."""
+    workload = {"seq_len": 1024, "method": "lora", "lora_targets": ["q_proj", "v_proj"]}
+    first, second = (
+        prepare(model_facts({"preset": "llama-3.2-1b"}), parse_workload(workload))
+        for _ in range(2)
+    )
+    assert first.step == second.step and hash(first.step) == hash(second.step)
+    first.peak.of(first.facts.arch, first.step, "full")
+    hits = tier_memory.cache_info().hits
+    second.peak.of(second.facts.arch, second.step, "full")
+    assert tier_memory.cache_info().hits == hits + 1

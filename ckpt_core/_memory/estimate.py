@@ -309,6 +309,9 @@ def recipe_for(
     )
 
 
+# auto's searches and the alternatives ask for the same peaks again on every repeated
+# request; every argument is a frozen value, so the answer is cached.
+@functools.lru_cache(maxsize=8192)
 def tier_memory(
     arch: Arch,
     step: Step,

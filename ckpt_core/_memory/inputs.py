@@ -154,7 +154,7 @@ def prepare(facts: Facts, workload: Workload, gpu: str | None = None) -> Run:
         attention=kernel,
         trainable_weights=workload.method == "full",
         lora_rank=workload.lora_rank if workload.method != "full" else 0,
-        adapted=targets.__contains__,  # empty for a full fine-tune
+        adapters=targets,  # empty for a full fine-tune
         hidden_bytes=4 if workload.compute == "autocast" else 0,
         padded=workload.padded,
         fp32_linears=fp32_linears,

@@ -17,8 +17,7 @@ Pure arithmetic.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final, Literal
 
 # How one block is checkpointed, named after the tier that does it to every block:
@@ -35,11 +34,12 @@ class Step:
     """One training forward: batch, sequence, dtype bytes and what requires grad.
 
     ``trainable_weights``: every weight is trained (full fine-tune).
-    ``adapted``: whether the linear named so carries a LoRA adapter of rank
+    ``adapters``: the linears (and parameters) that carry a LoRA adapter of rank
     ``lora_rank`` (its input is kept for the adapter even when the base
-    weight is frozen).  ``hidden_bytes``: bytes per element of the residual
-    stream between blocks when it differs from ``dtype_bytes`` (fp32 under
-    autocast); 0 means ``dtype_bytes``.  ``padded``: the batch carries an
+    weight is frozen); a set, so equal steps compare and hash equal.
+    ``hidden_bytes``: bytes per element of the residual stream between blocks
+    when it differs from ``dtype_bytes`` (fp32 under autocast); 0 means
+    ``dtype_bytes``.  ``padded``: the batch carries an
     attention mask with padding (`ckpt_core._memory.attention.mask_kind`).
     ``fp32_linears``: the linears loaded in fp32 among half-precision ones
     (`Family.keep_in_fp32` under fp16): their input is cast to fp32, and so is
@@ -54,11 +54,15 @@ class Step:
     attention: str  # fused | flash | eager (what transformers runs)
     trainable_weights: bool = True
     lora_rank: int = 0
-    adapted: Callable[[str], bool] = field(default=lambda name: False)
+    adapters: frozenset[str] = frozenset()
     hidden_bytes: int = 0
     padded: bool = False  # an attention mask with padding: sdpa gets a mask per sample
     fp32_linears: frozenset[str] = frozenset()
     held_inputs: bool = False
+
+    def adapted(self, name: str) -> bool:
+        """Whether the linear (or parameter) named so carries a LoRA adapter."""
+        return name in self.adapters
 
     @property
     def residual_bytes(self) -> int:
