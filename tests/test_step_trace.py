@@ -468,8 +468,7 @@ def test_a_repeated_request_takes_its_peaks_from_the_cache() -> None:
     bound method compared by identity), so the second asks the cached peaks."""
     workload = {"seq_len": 1024, "method": "lora", "lora_targets": ["q_proj", "v_proj"]}
     first, second = (
-        prepare(model_facts({"preset": "llama-3.2-1b"}), parse_workload(workload))
-        for _ in range(2)
+        prepare(model_facts({"preset": "llama-3.2-1b"}), parse_workload(workload)) for _ in range(2)
     )
     assert first.step == second.step and hash(first.step) == hash(second.step)
     first.peak.of(first.facts.arch, first.step, "full")

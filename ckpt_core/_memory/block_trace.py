@@ -5,8 +5,9 @@ The buffers and their lifetimes are those of transformers' Llama-style block
 ``LlamaMLP`` / ``LlamaRMSNorm``), with Phi-3's fused projections, Qwen3's
 q / k norms and Granite's residual multiplier where the architecture has them,
 and the pieces other families' layers share (`ckpt_core._memory.layer_trace`):
-RMSNorms, RoPE, the attention kernels, softcapping, the MLP.  The linears with their adapters
-are `ckpt_core._memory.linear_trace`.  A tensor is freed where the last Python
+RMSNorms, RoPE, the attention kernels, the MLP.  The linears with their adapters are
+`ckpt_core._memory.linear_trace`, pointwise chains written out in Python (softcapping,
+``gelu_new``) `ckpt_core._memory.pointwise_trace`.  A tensor is freed where the last Python
 name or autograd node holding it lets go, which decides what the caching
 allocator can reuse.  Each "why" names the source it follows.  What a model
 runs around its blocks is `ckpt_core._memory.model_trace`.  Sizes in bytes.
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.autograd_sim import Sim
 from ckpt_core._memory.linear_trace import TraceRecipe, linear
+from ckpt_core._memory.pointwise_trace import gelu_new, softcap
 
 
 def rms_normalized(sim: Sim, x: int, rows: int, width: int, *, dtype: int) -> int:
@@ -203,33 +205,12 @@ def mlp(sim: Sim, x: int, *, arch: Arch, recipe: TraceRecipe) -> int:
         up = linear(sim, x, f"mlp.{arch.mlp_names[0]}", (h, inter), recipe)
         size = act * tokens * inter
         product = (
-            _gelu_new(sim, up, size) if arch.act == "gelu_new" else sim.op([up], size, save=[up])
+            gelu_new(sim, up, size) if arch.act == "gelu_new" else sim.op([up], size, save=[up])
         )
         sim.drop(up)
     down = linear(sim, product, f"mlp.{arch.mlp_names[1]}", (inter, h), recipe)
     sim.drop(product, *chunks)
     return down
-
-
-def _gelu_new(sim: Sim, x: int, size: int) -> int:
-    """NewGELUActivation, written out in Python: ``0.5 * x * (1.0 + torch.tanh(c * (x +
-    0.044715 * torch.pow(x, 3.0))))``, left to right; pow keeps x, tanh its output, the
-    last product both factors."""
-    half = sim.op([x], size)
-    cube = sim.op([x], size, save=[x])
-    scaled = sim.op([cube], size)
-    sim.drop(cube)
-    inner = sim.op([x, scaled], size)
-    sim.drop(scaled)
-    times_c = sim.op([inner], size)
-    sim.drop(inner)
-    tanh = sim.op([times_c], size, save_out=True)
-    sim.drop(times_c)
-    one_plus = sim.op([tanh], size)
-    sim.drop(tanh)
-    out = sim.op([half, one_plus], size, save=[half, one_plus])
-    sim.drop(half, one_plus)
-    return out
 
 
 def attention(
@@ -390,26 +371,6 @@ def _head_normed(sim: Sim, x: int, heads: int, arch: Arch, recipe: TraceRecipe) 
     rows = recipe.batch * recipe.seq * heads
     out = norm(sim, x, rows, arch.head_dim, recipe, dtype=recipe.act)
     sim.drop(x)
-    return out
-
-
-def scaled(sim: Sim, x: int, size: int) -> int:
-    """``x = x * c`` (or ``/ c``) for a Python float: a new tensor that saves nothing,
-    and the rebinding frees ``x``."""
-    out = sim.op([x], size)
-    sim.drop(x)
-    return out
-
-
-def softcap(sim: Sim, x: int, size: int) -> int:
-    """Gemma's logit softcapping, ``x = x / cap; x = tanh(x); x = x * cap``: each op makes
-    a new tensor and the rebinding frees its input (tanh's output is saved for backward)."""
-    divided = sim.op([x], size)
-    sim.drop(x)
-    tanh = sim.op([divided], size, save_out=True)
-    sim.drop(divided)
-    out = sim.op([tanh], size)
-    sim.drop(tanh)
     return out
 
 

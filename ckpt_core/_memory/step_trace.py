@@ -37,9 +37,9 @@ from ckpt_core._memory import adafactor
 from ckpt_core._memory.activations import block_modes
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.autograd_sim import Sim
-from ckpt_core._memory.block_trace import scaled, softcap
 from ckpt_core._memory.families import family_of
 from ckpt_core._memory.linear_trace import TraceRecipe, adapted
+from ckpt_core._memory.pointwise_trace import scaled, softcap
 
 __all__ = ["TraceRecipe", "adafactor_temporary", "simulate", "trained_tensors"]
 
