@@ -207,13 +207,11 @@ def _block(arch: Arch, step: Step, mode: BlockMode, kind: BlockKind) -> Ledger:
     p = arch.hidden_dropout
     if mode != "selective" or not arch.dropout_in_attention:
         dropout(led, step, "attn.out", tag="attn.resid_dropout", p=p, elements=tokens * h)
-    if arch.parallel_block:  # Cohere's and Phi's MLP read the attention's normed input too
-        _dense_mlp(led, arch, step, attn_in)
-        dropout(led, step, "mlp.out", tag="mlp.resid_dropout", p=p, elements=tokens * h)
-        return led
     if arch.sandwich:
         norm(led, step, "attn.out", "ln_post_attn", kind=arch.norm, rows=tokens, width=h)
-    if arch.sandwich == "gemma":
+    if arch.parallel_block:  # Cohere's and Phi's MLP read the attention's normed input too
+        mlp_in = attn_in
+    elif arch.sandwich == "gemma":
         mlp_in = norm(led, step, "mid", "ln_pre_mlp", kind=arch.norm, rows=tokens, width=h)
     elif olmo:
         mlp_in = "mid"
@@ -223,19 +221,14 @@ def _block(arch: Arch, step: Step, mode: BlockMode, kind: BlockKind) -> Ledger:
         clamped_routed_mlp(led, arch, step, mlp_in)
     elif moe:
         routed_mlp(led, arch, step, mlp_in)
+    elif arch.glu:
+        glu_mlp(led, arch, step, mlp_in)
     else:
-        _dense_mlp(led, arch, step, mlp_in)
+        two_matrix_mlp(led, arch, step, mlp_in, tuple(f"mlp.{name}" for name in arch.mlp_names))
     dropout(led, step, "mlp.out", tag="mlp.resid_dropout", p=p, elements=tokens * h)
     if arch.sandwich:
         norm(led, step, "mlp.out", "ln_post_mlp", kind=arch.norm, rows=tokens, width=h)
     return led
-
-
-def _dense_mlp(led: Ledger, arch: Arch, step: Step, x: str) -> None:
-    if arch.glu:
-        glu_mlp(led, arch, step, x)
-    else:
-        two_matrix_mlp(led, arch, step, x, tuple(f"mlp.{name}" for name in arch.mlp_names))
 
 
 def _block_inputs(led: Ledger, arch: Arch, step: Step, sliding: bool) -> None:

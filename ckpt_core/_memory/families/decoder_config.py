@@ -10,11 +10,14 @@ parameters, ledgers and FLOPs.  Pure Python: reads attributes of the config.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, Final
 
 from ckpt_core._errors import ModelConfigError
 from ckpt_core._memory.arch import Arch, read_activation, read_int, read_window
 from ckpt_core._memory.families.vision import MULTIMODAL, read_vision
+
+# The MLP's input and output projections where they are not Llama's up_proj / down_proj.
+_MLP_NAMES: Final = {"starcoder2": ("c_fc", "c_proj"), "phi": ("fc1", "fc2")}
 
 
 def read_arch(config: Any, model_type: str) -> Arch:
@@ -169,11 +172,7 @@ def _text_arch(config: Any, model_type: str) -> Arch:
         embed_dropout=_embed_dropout(config, model_type),
         mlp_bias=phi
         or bool(getattr(config, "use_bias" if ernie or starcoder2 else "mlp_bias", False)),
-        mlp_names=("c_fc", "c_proj")
-        if starcoder2
-        else ("fc1", "fc2")
-        if phi
-        else ("up_proj", "down_proj"),
+        mlp_names=_MLP_NAMES.get(model_type, ("up_proj", "down_proj")),
         o_name="dense" if phi else "o_proj",
         head_bias=phi,
         logit_scale=cohere,

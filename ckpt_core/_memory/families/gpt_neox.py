@@ -49,6 +49,7 @@ def _read_arch(config: Any, model_type: str) -> Arch:
     heads = read_int(config, "num_attention_heads")
     head_dim = hidden // heads
     attention_bias = bool(getattr(config, "attention_bias", True))
+    dropout = float(getattr(config, "hidden_dropout", 0.0) or 0.0)  # embeddings and branches
     return Arch(
         model_type=model_type,
         family="gpt_neox",
@@ -70,8 +71,8 @@ def _read_arch(config: Any, model_type: str) -> Arch:
         rope_concat=True,
         rotary_dim=read_rotary_dim(config, head_dim),
         attn_dropout=float(getattr(config, "attention_dropout", 0.0) or 0.0),
-        hidden_dropout=float(getattr(config, "hidden_dropout", 0.0) or 0.0),
-        embed_dropout=float(getattr(config, "hidden_dropout", 0.0) or 0.0),
+        hidden_dropout=dropout,
+        embed_dropout=dropout,
         parallel_attn=bool(getattr(config, "use_parallel_residual", True)),
     )
 
