@@ -70,11 +70,22 @@ NAMED_TYPES: Final = (
     ("smollm3", "smollm3"),
     ("olmo-2", "olmo2"),
     ("granite", "granite"),
+    ("opt-", "opt"),
+    ("pythia", "gpt_neox"),
+    ("gpt-neox", "gpt_neox"),
+    ("gpt2", "gpt2"),
 )
 # What a named model's published config.json sets away from its config class's defaults
 # and a row's model_config does not carry: Phi-2 rotates 32 of its 80 head dimensions and
-# drops out each branch's output.
-PUBLISHED: Final = (("phi-2", {"partial_rotary_factor": 0.4, "resid_pdrop": 0.1}),)
+# drops out each branch's output; OPT's and GPT-2's learned position tables have 2048 and
+# 1024 rows (parameters the estimate counts).
+PUBLISHED: Final = (
+    ("phi-2", {"partial_rotary_factor": 0.4, "resid_pdrop": 0.1}),
+    ("opt-", {"max_position_embeddings": 2048}),
+    ("gpt2", {"max_position_embeddings": 1024}),
+)
+# A row's keys that a model type's config names otherwise: OPT's MLP width is ffn_dim.
+RENAMED: Final = {"opt": {"intermediate_size": "ffn_dim"}}
 
 
 def model_type(row: dict[str, Any]) -> str:
@@ -96,21 +107,21 @@ def model_input(row: dict[str, Any]) -> dict[str, Any]:
         return {"config": row["hf_config"]}
     config = row["model_config"]
     published = next((keys for part, keys in PUBLISHED if part in _name(row)), {})
-    return {
-        "config": {
-            **published,
-            "model_type": model_type(row),
-            "hidden_size": config["hidden_size"],
-            "num_hidden_layers": config["num_layers"],
-            "num_attention_heads": config["num_attention_heads"],
-            "num_key_value_heads": config["num_kv_heads"],
-            "intermediate_size": config["intermediate_size"],
-            "vocab_size": config["vocab_size"],
-            "head_dim": config["head_dim"],
-            "tie_word_embeddings": config["tie_word_embeddings"],
-            "max_position_embeddings": max(32768, int(row["run"]["seq_len"])),
-        }
+    kind = model_type(row)
+    given = {
+        "model_type": kind,
+        "hidden_size": config["hidden_size"],
+        "num_hidden_layers": config["num_layers"],
+        "num_attention_heads": config["num_attention_heads"],
+        "num_key_value_heads": config["num_kv_heads"],
+        "intermediate_size": config["intermediate_size"],
+        "vocab_size": config["vocab_size"],
+        "head_dim": config["head_dim"],
+        "tie_word_embeddings": config["tie_word_embeddings"],
+        "max_position_embeddings": max(32768, int(row["run"]["seq_len"])),
     }
+    renamed = RENAMED.get(kind, {})
+    return {"config": {renamed.get(key, key): value for key, value in given.items()} | published}
 
 
 def workload_of(row: dict[str, Any]) -> dict[str, Any]:

@@ -60,6 +60,7 @@ TARGETS_BY_TYPE: Final = {
     "t5": ["q", "k", "v", "o"],  # self- and cross-attention
     "phi": ["q_proj", "k_proj", "v_proj", "dense"],
     "gpt_neox": ["query_key_value", "dense"],
+    "opt": ["q_proj", "k_proj", "v_proj", "out_proj"],
     "falcon": ["query_key_value", "dense"],
     "gpt2": ["c_attn", "attn.c_proj"],
     "bert": ["query", "key", "value", "attention.output.dense"],

@@ -292,6 +292,23 @@ GPT_NEOX: Final = (
 )
 GPT_NEOX_SEQUENTIAL: Final = (*GPT_NEOX, ("use_parallel_residual", False))
 
+# OPT on Llama 3.2 1B's sizes, its heads all kv heads: separate biased q / k / v (q scaled
+# into a new tensor) and out_proj, two LayerNorms before the branches, a ReLU MLP (fc1,
+# fc2), learned positions offset by two rows (a short table: Llama's would be 131072
+# rows), dropout on each branch's output and none on the embeddings.
+OPT: Final = (
+    ("model_type", "opt"),
+    ("architectures", ["OPTForCausalLM"]),
+    ("num_key_value_heads", None),
+    ("ffn_dim", 8192),
+    ("activation_function", "relu"),
+    ("max_position_embeddings", 2048),
+    ("dropout", 0.1),
+    ("attention_dropout", 0.0),
+    ("word_embed_proj_dim", 2048),
+    ("rope_scaling", None),
+)
+
 # Gemma (1) on Llama 3.2 1B's sizes, with Gemma's wide heads (heads x head_dim = twice the
 # hidden size, as Gemma 7B's 16 x 256 against 3072): Llama's layer with Gemma's norms,
 # GeGLU and scaled, tied embeddings.

@@ -264,6 +264,18 @@ _SPECS: dict[str, _Spec] = {
             "max_position_embeddings": 64,
         },
     ),
+    "opt": _Spec(
+        "OPTConfig",
+        "OPTForCausalLM",
+        {
+            "vocab_size": VOCAB,
+            "hidden_size": 32,
+            "word_embed_proj_dim": 32,
+            "ffn_dim": 64,
+            "num_attention_heads": 4,
+            "max_position_embeddings": 64,
+        },
+    ),
     "falcon": _Spec(
         "FalconConfig",
         "FalconForCausalLM",

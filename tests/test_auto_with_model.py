@@ -212,11 +212,10 @@ def test_a_workload_without_a_model_is_an_error() -> None:
 
 def test_a_model_type_without_a_memory_model_is_an_error() -> None:
     config = {
-        "model_type": "opt",
+        "model_type": "bloom",
         "hidden_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "ffn_dim": 128,
+        "n_layer": 2,
+        "n_head": 4,
         "vocab_size": 100,
     }
     with pytest.raises(ModelConfigError) as raised:

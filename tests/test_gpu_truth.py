@@ -122,13 +122,20 @@ def test_the_harness_options_map_to_the_workload(
         ("Mistral-7B-v0.3", "mistral"),
         ("SmolLM2-1.7B", "llama"),
         ("TinyLlama-1.1B-Chat-v1", "llama"),
+        ("facebook/opt-1.3b", "opt"),
+        ("EleutherAI/pythia-1.4b", "gpt_neox"),
     ],
 )
 def test_a_rows_model_type_follows_its_name(rows: list[dict], name: str, kind: str) -> None:
     """The shared rows carry no model_type: a held-out row of another family is built as
     that family, not as Llama at its sizes, and estimated (on Phi-3 the harness's q / k /
-    v / o targets adapt o_proj only, as PEFT drops the targets that match nothing)."""
-    row = {**rows[0], "model_config": {**rows[0]["model_config"], "name": name}}
+    v / o targets adapt o_proj only, as PEFT drops the targets that match nothing; a
+    Pythia row names GPT-NeoX's, which the harness's match none of)."""
+    base = next(row for row in rows if row["run"]["seq_len"] <= 2048)
+    run = {**base["run"]}
+    if kind == "gpt_neox":
+        run["lora_targets"] = ["query_key_value", "dense"]
+    row = {**base, "run": run, "model_config": {**base["model_config"], "name": name}}
     assert model_type(row) == kind
     assert estimate_row(row)["allocated_bytes"] > 0
 
@@ -147,3 +154,14 @@ def test_a_named_models_published_config_fills_what_a_row_does_not_carry(
     assert (config["partial_rotary_factor"], config["resid_pdrop"]) == (0.4, 0.1)
     assert "resid_pdrop" not in model_input(phi_1_5)["config"]
     assert estimate_row(phi_2)["allocated_bytes"] != estimate_row(phi_1_5)["allocated_bytes"]
+
+
+def test_an_opt_rows_mlp_width_and_positions_are_opts(rows: list[dict]) -> None:
+    """OPT names its MLP width ``ffn_dim`` (OPTConfig's default otherwise: 3072) and learns
+    2048 positions: an OPT row's parameters are those of the model it names."""
+    base = next(row for row in rows if row["run"]["seq_len"] <= 2048)
+    row = {**base, "model_config": {**base["model_config"], "name": "facebook/opt-1.3b"}}
+    config = model_input(row)["config"]
+    assert config["ffn_dim"] == base["model_config"]["intermediate_size"]
+    assert "intermediate_size" not in config
+    assert config["max_position_embeddings"] == 2048

@@ -51,6 +51,7 @@ STACKS: dict[str, dict[str, tuple[str, ...]]] = {
     "gpt_oss": _DECODER,
     "gpt2": {"transformer.h": ("attn",)},
     "gpt_neox": {"gpt_neox.layers": ("attention",)},
+    "opt": {"model.decoder.layers": ("self_attn",)},
     "falcon": {"transformer.h": ("self_attention",)},
     "t5": {"encoder.block": ("layer.0",), "decoder.block": ("layer.0", "layer.1")},
     "bart": {

@@ -53,6 +53,7 @@ from tests._model_configs import (
     OLMO3,
     OLMOE,
     OLMOE_CLIPPED,
+    OPT,
     PHI,
     QWEN2_MOE,
     QWEN2_MOE_SPARSE,
@@ -352,6 +353,7 @@ CONFIGS = {
         )
     },
     "gpt_neox": {**load_preset("llama-3.2-1b"), **dict(GPT_NEOX)},
+    "opt": {**load_preset("llama-3.2-1b"), **dict(OPT)},
 }
 
 
@@ -746,14 +748,17 @@ def test_a_residual_layout_variant_is_estimated_as_measured(
         (PHI, ["q_proj", "k_proj", "v_proj", "dense"]),
         (GPT_NEOX, None),
         (GPT_NEOX, ["query_key_value", "dense"]),
+        (OPT, None),
+        (OPT, ["q_proj", "k_proj", "v_proj", "out_proj"]),
     ],
-    ids=["phi-all", "phi-attention", "gpt_neox-all", "gpt_neox-attention"],
+    ids=["phi-all", "phi-attention", "gpt_neox-all", "gpt_neox-attention", "opt-all", "opt-attn"],
 )
 def test_lora_on_linears_named_otherwise_matches_peft_on_meta(
     overrides: tuple[tuple[str, Any], ...], targets: list[str] | None, attention: str
 ) -> None:
     """Linears by their models' own names (Phi's ``dense``, ``fc1`` / ``fc2``; GPT-NeoX's
-    ``query_key_value``, ``dense``, ``dense_h_to_4h`` / ``dense_4h_to_h``): PEFT's
+    ``query_key_value``, ``dense``, ``dense_h_to_4h`` / ``dense_4h_to_h``; OPT's
+    ``out_proj``, ``fc1`` / ``fc2``, outside an ``mlp`` module): PEFT's
     adapters on them, trained with residual and embedding dropout as PEFT trains with
     checkpointing, have the estimate's trainable parameters and keep its activations to
     the byte."""
@@ -767,13 +772,27 @@ def test_lora_on_linears_named_otherwise_matches_peft_on_meta(
         (STABLELM, "qk_layernorm", True),
         (STABLELM, "hidden_dropout", 0.1),
         (PHI, "qk_layernorm", True),
+        (OPT, "do_layer_norm_before", False),
+        (OPT, "word_embed_proj_dim", 512),
+        (OPT, "layer_norm_elementwise_affine", False),
+        (OPT, "_remove_final_layer_norm", True),
     ],
-    ids=["stablelm-qk_layernorm", "stablelm-hidden_dropout", "phi-qk_layernorm"],
+    ids=[
+        "stablelm-qk_layernorm",
+        "stablelm-hidden_dropout",
+        "phi-qk_layernorm",
+        "opt-post_layer_norm",
+        "opt-projected_embeddings",
+        "opt-no_affine",
+        "opt-no_final_norm",
+    ],
 )
 def test_undescribed_layer_options_are_config_errors(
     overrides: tuple[tuple[str, Any], ...], field: str, value: object
 ) -> None:
-    """StableLM's and Phi's per-head q / k LayerNorms and StableLM's MLP-only dropout."""
+    """StableLM's and Phi's per-head q / k LayerNorms, StableLM's MLP-only dropout, and
+    OPT's other layouts: OPT-350m's post-LayerNorms and narrower embeddings, LayerNorms
+    without weights, no final LayerNorm."""
     config = {**load_preset("llama-3.2-1b"), **dict(overrides), field: value}
     with pytest.raises(ModelConfigError) as raised:
         make_plan("auto", gpu="A100-80GB", model={"config": config}, workload={"seq_len": 64})
@@ -806,6 +825,8 @@ def test_a_valid_sliding_window_is_estimated() -> None:
         ("phi", 0.1),
         ("gpt_neox", 0.0),
         ("gpt_neox", 0.1),
+        ("opt", 0.0),
+        ("opt", 0.1),
         ("hunyuan_v1_dense", 0.0),
         ("gemma", 0.0),
         ("deepseek_v3", 0.0),

@@ -24,6 +24,7 @@ from tests._model_configs import (
     MINISTRAL,
     MINISTRAL3,
     OLMO3,
+    OPT,
     PHI,
     SMOLLM3,
     STARCODER2,
@@ -99,18 +100,27 @@ def test_the_replay_allocates_what_the_real_op_order_does(case: Case) -> None:
         (COHERE, "lora", "full"),  # its pool's furthest from the real order's
         (PHI, "lora", "full"),  # Phi's lowest pool against the real order's
         (GPT_NEOX, "full", "full"),  # GPT-NeoX's
+        (OPT, "full", "off"),  # OPT's
     ],
-    ids=["starcoder2-off", "starcoder2-selective", "cohere-full", "phi-full", "gpt_neox-full"],
+    ids=[
+        "starcoder2-off",
+        "starcoder2-selective",
+        "cohere-full",
+        "phi-full",
+        "gpt_neox-full",
+        "opt-off",
+    ],
 )
 def test_a_model_replayed_as_llamas_block_stays_within_its_band(
     overrides: tuple[tuple[str, Any], ...], method: str, tier: str
 ) -> None:
     """StarCoder2 (LayerNorms, a GELU MLP, biases, dropout on the embeddings and each
-    branch), Phi and GPT-NeoX (their parallel layers, GPT-NeoX's fused q / k / v) are
-    replayed as Llama's block at their sizes, and Command R with per-head q /
-    k norms as its own layer without them: their allocated peak comes from the closed
-    form, equal to the real order's within 0.2%; their pool may miss by more than a
-    replayed model's, within the band their verdicts get (`CLOSED_FORM_BANDS`)."""
+    branch), Phi and GPT-NeoX (their parallel layers, GPT-NeoX's fused q / k / v) and OPT
+    (learned positions, a ReLU MLP) are replayed as Llama's block at their sizes, and
+    Command R with per-head q / k norms as its own layer without them: their allocated
+    peak comes from the closed form, equal to the real order's within 0.2%; their pool
+    may miss by more than a replayed model's, within the band their verdicts get
+    (`CLOSED_FORM_BANDS`)."""
     case = Case("llama-3.2-1b", method, "bf16", "sdpa", tier, 2, 1024, overrides=overrides)
     allocated, reserved, workspace = estimate(case)
     real_allocated, real_reserved = replay(with_workspaces(record(case), workspace))
@@ -121,12 +131,16 @@ def test_a_model_replayed_as_llamas_block_stays_within_its_band(
     assert tight_band(run.facts.arch, run.step) == CLOSED_FORM_BANDS["fused"]
 
 
-def test_the_adapters_leaf_is_held_beside_the_embeddings_dropout() -> None:
+@pytest.mark.parametrize("overrides", [GPT_NEOX, OPT], ids=["gpt_neox-dropout", "opt-positions"])
+def test_the_adapters_leaf_is_held_beside_the_first_blocks_input(
+    overrides: tuple[tuple[str, Any], ...],
+) -> None:
     """PEFT's ``enable_input_require_grads`` makes the embeddings' output a leaf held to
-    the step's end; with dropout after it (GPT-NeoX's ``hidden_dropout``) the first block
-    keeps the dropout's output, so the leaf is held besides: the closed form's allocated
-    peak counts it (without, 0.18% low here)."""
-    case = Case("llama-3.2-1b", "lora", "bf16", "sdpa", "full", 2, 1024, overrides=GPT_NEOX)
+    the step's end; with dropout after it (GPT-NeoX's ``hidden_dropout``) or learned
+    positions added to it (OPT) the first block keeps a new tensor, so the leaf is held
+    besides: the closed form's allocated peak counts it (without, 0.18% and 0.17% low
+    here)."""
+    case = Case("llama-3.2-1b", "lora", "bf16", "sdpa", "full", 2, 1024, overrides=overrides)
     allocated, _, workspace = estimate(case)
     real_allocated, _ = replay(with_workspaces(record(case), workspace))
     assert allocated == pytest.approx(real_allocated, rel=0.001)

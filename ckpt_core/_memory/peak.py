@@ -111,13 +111,14 @@ def allocated_moments(
 
 
 def _dropped_leaf(arch: Arch, step: Step) -> int:
-    """The embeddings' output when dropout follows it, with adapters.
+    """The embeddings' output when an op follows it before the first block, with adapters.
 
     PEFT's ``enable_input_require_grads`` makes the frozen embeddings' output a leaf
-    that the step's graph holds to its end; without dropout it is what the first block
-    keeps (an activation), with dropout the block keeps the dropout's output and the
-    leaf is held besides (StarCoder2, Phi, GPT-NeoX, GPT-2, BERT, T5)."""
-    if step.trainable_weights or arch.embed_dropout <= 0:
+    that the step's graph holds to its end; when it is the first block's input, it is
+    what that block keeps (an activation).  Dropout after it (StarCoder2, Phi, GPT-NeoX,
+    GPT-2, BERT, T5) or learned positions added to it (GPT-2, BERT, OPT) make the
+    block's input a new tensor, and the leaf is held besides."""
+    if step.trainable_weights or (arch.embed_dropout <= 0 and not arch.positions):
         return 0
     return step.residual_bytes * step.tokens * arch.hidden
 

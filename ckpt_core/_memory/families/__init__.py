@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from ckpt_core._errors import ModelConfigError
 from ckpt_core._memory.arch import Arch
-from ckpt_core._memory.families import bert, decoder, falcon, gpt2, gpt_neox, t5
+from ckpt_core._memory.families import bert, decoder, falcon, gpt2, gpt_neox, opt, t5
 from ckpt_core._memory.family import Family
 from ckpt_core._memory.param_layout import ParamLayout
 
@@ -23,6 +23,7 @@ FAMILIES: Final[tuple[Family, ...]] = (
     gpt2.FAMILY,
     falcon.FAMILY,
     gpt_neox.FAMILY,
+    opt.FAMILY,
     bert.FAMILY,
     t5.FAMILY,
 )

@@ -1,4 +1,4 @@
-"""Op sequences that several families share (GPT-2, Falcon, GPT-NeoX, BERT): MLP, head,
+"""Op sequences that several families share (GPT-2, Falcon, GPT-NeoX, OPT, BERT): MLP, head,
 masks, a rotary block's inputs, a dense block's FLOPs.
 
 Pure arithmetic.
@@ -38,7 +38,7 @@ def two_matrix_mlp(led: Ledger, arch: Arch, step: Step, x: str, names: tuple[str
 
 
 def layer_norm_lm_head(arch: Arch, step: Step) -> Ledger:
-    """Final LayerNorm, LM head, fp32 causal-LM loss (GPT-2, Falcon)."""
+    """Final LayerNorm, LM head, fp32 causal-LM loss (GPT-2, Falcon, GPT-NeoX, OPT)."""
     led = Ledger()
     out = norm(led, step, "in", "ln_f", kind="layer", rows=step.tokens, width=arch.hidden)
     linear(led, step, out, arch.hidden, "lm_head")
@@ -62,7 +62,7 @@ def rotary_block_inputs(led: Ledger, arch: Arch, step: Step, mask: str | None) -
 
 def dense_block_flops(arch: Arch, step: Step, kind: BlockKind) -> BlockFlops:
     """`Family.block_flops` of attention and a two-matrix MLP in every block, the residual
-    dropout (if any) outside the attention: it keeps the MLP's output (Falcon, GPT-NeoX)."""
+    dropout (if any) outside the attention: it keeps the MLP's output (Falcon, GPT-NeoX, OPT)."""
     return attention_block_flops(
         arch,
         step,
