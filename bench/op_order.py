@@ -61,6 +61,8 @@ TARGETS_BY_TYPE: Final = {
     "phi": ["q_proj", "k_proj", "v_proj", "dense"],
     "gpt_neox": ["query_key_value", "dense"],
     "opt": ["q_proj", "k_proj", "v_proj", "out_proj"],
+    "deepseek_v2": ["q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"],  # latent attention
+    "deepseek_v3": ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"],
     "falcon": ["query_key_value", "dense"],
     "gpt2": ["c_attn", "attn.c_proj"],
     "bert": ["query", "key", "value", "attention.output.dense"],
@@ -81,9 +83,12 @@ class Case:
     padded: bool = False  # an attention mask with padding (`measure_activation_bytes`'s)
     overrides: tuple[tuple[str, Any], ...] = ()  # config keys set on the preset's config
     weights: str = "nf4"  # a QLoRA case's bitsandbytes weights: nf4 | int8
+    all_linear: bool = False  # LoRA on every linear (PEFT's ``all-linear``, MoE experts too)
 
     @property
-    def targets(self) -> list[str]:
+    def targets(self) -> list[str] | str:
+        if self.all_linear:
+            return "all-linear"
         return TARGETS_BY_TYPE.get(str(self.model_config["model_type"]), TARGETS)
 
     @property
@@ -330,7 +335,8 @@ def estimate(case: Case) -> tuple[int, int, int]:
         "headroom": 0.0,
     }
     if case.method != "full":
-        workload.update(lora_rank=32, lora_targets=case.targets)
+        # The estimate's default targets are PEFT's all-linear.
+        workload.update(lora_rank=32, lora_targets=None if case.all_linear else case.targets)
     if case.method == "qlora":
         workload["weights"] = case.weights
     run = prepare(model_facts(case.model), parse_workload(workload), GPU)
@@ -357,6 +363,7 @@ def cases(args: argparse.Namespace) -> Iterator[Case]:
                 args.seq,
                 args.padded,
                 weights=weights,
+                all_linear=args.all_linear,
             )
 
 
@@ -373,6 +380,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--padded", action="store_true", help="a padded batch (attention mask)")
+    parser.add_argument(
+        "--all-linear", action="store_true", help="LoRA on every linear, not the attention's"
+    )
     args = parser.parse_args()
     if "qlora" in args.methods and importlib.util.find_spec("bitsandbytes") is None:
         print("bitsandbytes is not installed: QLoRA cases skipped")

@@ -129,14 +129,17 @@ def block(
     rotary: bool = True,
     layer_norm: Callable[[Sim, int, int, int, TraceRecipe], int] = norm,
     self_attention: Callable[..., int] | None = None,
+    feed_forward: Callable[..., int] | None = None,
 ) -> int:
     """LlamaDecoderLayer.forward on the block input ``x``; returns its output.
 
     ``mask``: eager's float mask, or sdpa's boolean one (None: ``is_causal``);
     ``rotary``: the layer applies RoPE (SmolLM3's NoPE layers do not);
     ``layer_norm``: its two norms (Gemma's scale in fp32); ``self_attention``: the
-    layer's attention when it is not Llama's (`attention`), called as it is."""
+    layer's attention when it is not Llama's (`attention`), called as it is;
+    ``feed_forward``: its MLP when it is not Llama's (`mlp`: an MoE layer's experts)."""
     self_attention = self_attention or attention
+    feed_forward = feed_forward or mlp
     tokens, h = recipe.batch * recipe.seq, arch.hidden
     # `hidden_states, _ = self.self_attn(...)` keeps eager attention's weights
     # referenced until the layer returns.
@@ -157,7 +160,7 @@ def block(
     sim.drop(normed_in)
     mid = _residual(sim, x, out, arch=arch, recipe=recipe)
     normed = layer_norm(sim, mid, tokens, h, recipe)
-    down = mlp(sim, normed, arch=arch, recipe=recipe)
+    down = feed_forward(sim, normed, arch=arch, recipe=recipe)
     sim.drop(normed)  # the layer rebinds hidden_states to the MLP's output
     out = _residual(sim, mid, down, arch=arch, recipe=recipe)
     sim.drop(mid, *weights)  # the locals `residual` and `_`
@@ -178,16 +181,19 @@ def _residual(sim: Sim, x: int, branch: int, *, arch: Arch, recipe: TraceRecipe)
     return out
 
 
-def mlp(sim: Sim, x: int, *, arch: Arch, recipe: TraceRecipe) -> int:
+def mlp(
+    sim: Sim, x: int, *, arch: Arch, recipe: TraceRecipe, module: str = "mlp", inter: int = 0
+) -> int:
     """LlamaMLP.forward (and Gemma's): `down_proj(act_fn(gate_proj(x)) * up_proj(x))`,
-    left to right; returns the down projection's output."""
+    left to right; returns the down projection's output.  ``module`` and ``inter``: an
+    MoE layer's shared expert's."""
     tokens, act, h = recipe.batch * recipe.seq, recipe.act, arch.hidden
-    inter = arch.intermediate or arch.moe_intermediate * max(1, arch.top_k)
+    inter = inter or arch.intermediate or arch.moe_intermediate * max(1, arch.top_k)
     chunks: tuple[int, ...] = ()  # the MLP's locals that live until it returns
     if arch.fused_gate_up:
         # Phi3MLP.forward: `gate, up_states = gate_up_proj(x).chunk(2)` (views of one
         # output), `up_states * act_fn(gate)`; the local `gate` lives until the return.
-        gate_up = linear(sim, x, "mlp.gate_up_proj", (h, 2 * inter), recipe)
+        gate_up = linear(sim, x, f"{module}.gate_up_proj", (h, 2 * inter), recipe)
         gate, up = sim.views(gate_up, [act * tokens * inter] * 2)
         sim.drop(gate_up)
         activated = sim.op([gate], act * tokens * inter, save=[gate])
@@ -195,20 +201,20 @@ def mlp(sim: Sim, x: int, *, arch: Arch, recipe: TraceRecipe) -> int:
         sim.drop(activated, up)
         chunks = (gate,)
     elif arch.glu:
-        gate = linear(sim, x, "mlp.gate_proj", (h, inter), recipe)
+        gate = linear(sim, x, f"{module}.gate_proj", (h, inter), recipe)
         activated = sim.op([gate], act * tokens * inter, save=[gate])
         sim.drop(gate)
-        up = linear(sim, x, "mlp.up_proj", (h, inter), recipe)
+        up = linear(sim, x, f"{module}.up_proj", (h, inter), recipe)
         product = sim.op([activated, up], act * tokens * inter, save=[activated, up])
         sim.drop(activated, up)
     else:  # a non-gated MLP (StarCoder2's c_fc, then c_proj)
-        up = linear(sim, x, f"mlp.{arch.mlp_names[0]}", (h, inter), recipe)
+        up = linear(sim, x, f"{module}.{arch.mlp_names[0]}", (h, inter), recipe)
         size = act * tokens * inter
         product = (
             gelu_new(sim, up, size) if arch.act == "gelu_new" else sim.op([up], size, save=[up])
         )
         sim.drop(up)
-    down = linear(sim, product, f"mlp.{arch.mlp_names[1]}", (inter, h), recipe)
+    down = linear(sim, product, f"{module}.{arch.mlp_names[1]}", (inter, h), recipe)
     sim.drop(product, *chunks)
     return down
 
@@ -364,12 +370,15 @@ def _unpadded_flash(
 
 
 def _head_normed(sim: Sim, x: int, heads: int, arch: Arch, recipe: TraceRecipe) -> int:
-    """Qwen3Attention.forward: `q_norm(q_proj(x).view(...))` (and k's) over each head; the
-    projection's output is a temporary that dies when the norm returns."""
-    if arch.qk_norm != "head":
+    """Qwen3Attention.forward: `q_norm(q_proj(x).view(...))` (and k's) over each head
+    (OLMoE's over the whole projection); the projection's output is a temporary that dies
+    when the norm returns."""
+    if not arch.qk_norm:
         return x
-    rows = recipe.batch * recipe.seq * heads
-    out = norm(sim, x, rows, arch.head_dim, recipe, dtype=recipe.act)
+    rows, width = recipe.batch * recipe.seq * heads, arch.head_dim
+    if arch.qk_norm == "full":
+        rows, width = rows // heads, width * heads
+    out = norm(sim, x, rows, width, recipe, dtype=recipe.act)
     sim.drop(x)
     return out
 

@@ -17,6 +17,7 @@ from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.autograd_sim import Sim
 from ckpt_core._memory.block_trace import block, norm
 from ckpt_core._memory.linear_trace import TraceRecipe
+from ckpt_core._memory.moe_trace import moe_mlp
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,11 +143,12 @@ def llama_layer(
     layer_norm: Callable[[Sim, int, int, int, TraceRecipe], int] = norm,
     self_attention: Callable[..., int] | None = None,
 ) -> int:
-    """Layer ``index`` as Llama's: its kind's mask, RoPE unless it is a NoPE layer;
-    ``layer_norm``: its two norms (Gemma's, in Gemma (1)'s layer); ``self_attention``:
-    its attention when not Llama's (GLM's)."""
+    """Layer ``index`` as Llama's: its kind's mask, RoPE unless it is a NoPE layer, its
+    experts if it routes to them; ``layer_norm``: its two norms (Gemma's, in Gemma (1)'s
+    layer); ``self_attention``: its attention when not Llama's (GLM's)."""
     mask = inputs.layer_mask(arch, index)
     rotary = inputs.layer_rotary(arch, index)
+    routed = arch.is_moe and arch.moe_layers[index]
     return block(
         sim,
         x,
@@ -157,6 +159,7 @@ def llama_layer(
         rotary=rotary,
         layer_norm=layer_norm,
         self_attention=self_attention,
+        feed_forward=moe_mlp if routed else None,
     )
 
 

@@ -39,6 +39,7 @@ from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.autograd_sim import Sim
 from ckpt_core._memory.families import family_of
 from ckpt_core._memory.linear_trace import TraceRecipe, adapted
+from ckpt_core._memory.moe_trace import expert_parameters, shared_module
 from ckpt_core._memory.pointwise_trace import scaled, softcap
 
 __all__ = ["TraceRecipe", "adafactor_temporary", "simulate", "trained_tensors"]
@@ -74,7 +75,9 @@ def simulate(arch: Arch, tier: str, recipe: TraceRecipe) -> tuple[int, int]:
     return sim.allocator.peak_allocated, sim.allocator.peak_reserved
 
 
-def _linears(arch: Arch) -> list[tuple[str, int, int]]:
+def _linears(arch: Arch, index: int) -> list[tuple[str, int, int]]:
+    """Layer ``index``'s linears (name, fan in, fan out): the attention's, then the MLP's,
+    or in an MoE layer its shared expert's (its routed experts are `_stacks`)."""
     h, q, kv = arch.hidden, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
     inter = arch.intermediate or arch.moe_intermediate * max(1, arch.top_k)
     output = (f"self_attn.{arch.o_name}", q, h)
@@ -83,6 +86,15 @@ def _linears(arch: Arch) -> list[tuple[str, int, int]]:
     else:
         attention = [(f"self_attn.{x}_proj", h, n) for x, n in (("q", q), ("k", kv), ("v", kv))]
         attention.append(output)
+    if _routed(arch, index):
+        shared, module = arch.shared_expert_intermediate, shared_module(arch)
+        if not shared:
+            return attention
+        mlp = [(f"{module}.{x}_proj", h, shared) for x in ("gate", "up")]
+        mlp.append((f"{module}.down_proj", shared, h))
+        if arch.shared_expert_gate:
+            mlp.append(("mlp.shared_expert_gate", h, 1))
+        return attention + mlp
     up, down = arch.mlp_names
     if arch.fused_gate_up:
         mlp = [("mlp.gate_up_proj", h, 2 * inter)]
@@ -92,23 +104,42 @@ def _linears(arch: Arch) -> list[tuple[str, int, int]]:
     return [*attention, *mlp, (f"mlp.{down}", inter, h)]
 
 
+def _stacks(arch: Arch, index: int) -> list[tuple[str, int, int, int]]:
+    """Layer ``index``'s routed experts and router (`moe_trace.expert_parameters`)."""
+    return expert_parameters(arch) if _routed(arch, index) else []
+
+
+def _routed(arch: Arch, index: int) -> bool:
+    return arch.is_moe and arch.moe_layers[index]
+
+
 def trained_tensors(arch: Arch, recipe: TraceRecipe) -> list[adafactor.Trained]:
     """The trained matrices in ``model.parameters()`` order (the optimizer makes its states
-    and steps in that order): a full fine-tune's token embeddings, block linears and
-    untied LM head; else the adapters, A (rank x fan_in) then B (fan_out x rank)."""
+    and steps in that order): a full fine-tune's token embeddings, block linears, routed
+    experts (a stack as one tensor) and untied LM head; else the adapters, A (rank x
+    fan_in) then B (fan_out x rank), an adapted stack's for all its experts."""
     trained: list[adafactor.Trained] = []
+    weights, rank = recipe.weights, recipe.lora_rank
     if recipe.full:
-        embedding = adafactor.Trained(recipe.weights, arch.vocab, arch.hidden)
+        embedding = adafactor.Trained(weights, arch.vocab, arch.hidden)
         trained.append(embedding)
-        block = [adafactor.Trained(recipe.weights, n, m) for _, m, n in _linears(arch)]
-        trained += block * arch.layers
+        for index in range(arch.layers):
+            trained += [adafactor.Trained(weights, n, m) for _, m, n in _linears(arch, index)]
+            for _, experts, fan_in, fan_out in _stacks(arch, index):
+                trained.append(adafactor.Trained(weights, experts * fan_out, fan_in))
         if not arch.tied:
             trained.append(embedding)
-    rank = recipe.lora_rank
-    for _ in range(arch.layers if rank else 0):
-        for name, fan_in, fan_out in _linears(arch):
+    for index in range(arch.layers if rank else 0):
+        for name, fan_in, fan_out in _linears(arch, index):
             if adapted(recipe, name):
                 trained += [adafactor.Trained(4, rank, fan_in), adafactor.Trained(4, fan_out, rank)]
+        for name, experts, fan_in, fan_out in _stacks(arch, index):
+            if adapted(recipe, name):
+                stacked = experts * rank * (2 if name.endswith("gate_up_proj") else 1)
+                trained += [
+                    adafactor.Trained(4, stacked, fan_in),
+                    adafactor.Trained(4, fan_out, stacked),
+                ]
     return trained
 
 
@@ -128,9 +159,9 @@ def _load(sim: Sim, arch: Arch, recipe: TraceRecipe) -> list[adafactor.Trained]:
         _load_from_checkpoint(sim, arch, recipe, idle_sizes)
     else:
         idle = [sim.new(size) for size in idle_sizes]  # first in module order
-        embeddings, norms = _load_and_move(sim, arch, recipe)
+        embeddings, others = _load_and_move(sim, arch, recipe)
         if recipe.quantized and recipe.kept != recipe.weights:  # PEFT's kbit preparation
-            for tensor in idle + embeddings + norms:
+            for tensor in idle + embeddings + others:
                 sim.new(sim.size(tensor) // recipe.weights * recipe.kept)
                 sim.drop(tensor)
     for size in recipe.idle_adapters:  # PEFT's adapters on the idle tower come first
@@ -146,12 +177,15 @@ def _load_and_move(sim: Sim, arch: Arch, recipe: TraceRecipe) -> tuple[list[int]
     """Parameter by parameter in module order, each in a block of its own (loaded on the
     CPU and moved with ``.to(device)``; a quantized model as bitsandbytes quantizes
     each block linear from a copy on the device: 4-bit packed weights and their
-    absmax, or int8 rows and their fp32 scales).  Returns the embeddings and the
-    norms."""
+    absmax, or int8 rows and their fp32 scales).  Returns the embeddings and the other
+    parameters bitsandbytes leaves as loaded: the norms, and the stacked experts (it
+    quantizes linear modules only)."""
     embeddings = [sim.new(recipe.weights * arch.vocab * arch.hidden) for _ in _heads(arch)]
-    norms = [sim.new(recipe.weights * arch.hidden) for _ in range(2 * arch.layers + 1)]
-    for _ in range(arch.layers):
-        for _, fan_in, fan_out in _linears(arch):
+    others = [sim.new(recipe.weights * arch.hidden) for _ in range(2 * arch.layers + 1)]
+    for index in range(arch.layers):
+        for _, experts, fan_in, fan_out in _stacks(arch, index):
+            others.append(sim.new(recipe.weights * experts * fan_in * fan_out))
+        for _, fan_in, fan_out in _linears(arch, index):
             n = fan_in * fan_out
             if recipe.int8:
                 # transformers' Bnb8bitQuantize: Int8Params(value.to("cpu")).to(device)
@@ -167,7 +201,7 @@ def _load_and_move(sim: Sim, arch: Arch, recipe: TraceRecipe) -> tuple[list[int]
                 sim.drop(copy)
             else:
                 sim.new(recipe.weights * n)
-    return embeddings, norms
+    return embeddings, others
 
 
 def _load_from_checkpoint(sim: Sim, arch: Arch, recipe: TraceRecipe, idle_sizes: list[int]) -> None:
@@ -179,9 +213,16 @@ def _load_from_checkpoint(sim: Sim, arch: Arch, recipe: TraceRecipe, idle_sizes:
     ``model.language_model.*``).  The norms, under 1 MiB, come from the small pool,
     so their place in that order changes nothing."""
     embedding = recipe.weights * arch.vocab * arch.hidden
-    linears = [recipe.weights * fan_in * fan_out for _, fan_in, fan_out in sorted(_linears(arch))]
+    linears = [
+        recipe.weights * experts * fan_in * fan_out
+        for index in range(arch.layers)
+        for _, experts, fan_in, fan_out in sorted(
+            [(name, 1, fan_in, fan_out) for name, fan_in, fan_out in _linears(arch, index)]
+            + _stacks(arch, index)
+        )
+    ]
     norms = [recipe.weights * arch.hidden] * (2 * arch.layers + 1)
-    large = [embedding for _ in _heads(arch)] + linears * arch.layers + idle_sizes
+    large = [embedding for _ in _heads(arch)] + linears + idle_sizes
     total = sum(large) + sum(norms)
     sim.drop(sim.new(total // 2 * 2))  # torch.empty(byte_count // 2, dtype=torch.float16)
     for size in large + norms:

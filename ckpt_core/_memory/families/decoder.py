@@ -42,7 +42,6 @@ from ckpt_core._memory.families.decoder_mlp import (
     clamped_routed_mlp,
     glu_mlp,
     routed_mlp,
-    shared_module,
 )
 from ckpt_core._memory.families.mla import (
     mla_attention,
@@ -68,6 +67,7 @@ from ckpt_core._memory.ledger import (
     norm,
 )
 from ckpt_core._memory.model_trace import LLAMA, TraceModel
+from ckpt_core._memory.moe_trace import shared_module
 from ckpt_core._memory.olmo2_trace import OLMO2
 from ckpt_core._memory.param_layout import (
     Linear,
@@ -323,7 +323,9 @@ def _trace(arch: Arch) -> TraceModel:
 def _replayed_exactly(arch: Arch) -> bool:
     """Every dense decoder but MLA's, LayerNorm's (StarCoder2, StableLM, Phi) and Command R's
     with q / k norms (replayed as Llama's block at their sizes) and those with residual
-    dropout (not replayed); an MoE layer's routing is not replayed."""
+    dropout (not replayed).  MoE models take the closed form's allocated peak and the
+    pool of a replay that runs their experts (`ckpt_core._memory.moe_trace`) in Llama's
+    block: gpt-oss's, GLM-4.5's and DeepSeek's routers at the top-k softmax's sizes."""
     return (
         not arch.is_moe
         and not arch.kv_lora_rank

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.ledger import Ledger, Step, activation, linear
+from ckpt_core._memory.moe_trace import shared_module
 from ckpt_core._memory.param_layout import AdaptedParameter
 
 # Model types whose LoRA targets PEFT (0.21, on transformers 5) maps onto the stacked
@@ -28,11 +29,6 @@ _PEFT_EXPERT_TARGETS: dict[str, tuple[str, str, str]] = {
     "dots1": ("gate_proj", "up_proj", "down_proj"),
     "glm4_moe_lite": ("gate_proj", "up_proj", "down_proj"),
 }
-
-
-def shared_module(arch: Arch) -> str:
-    """Where the shared expert is: Qwen2-MoE's ``shared_expert``, GLM-4.5's ``shared_experts``."""
-    return "mlp.shared_expert" if arch.shared_expert_gate else "mlp.shared_experts"
 
 
 def adapted_experts(arch: Arch, layers: int) -> tuple[AdaptedParameter, ...]:
