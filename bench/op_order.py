@@ -37,7 +37,7 @@ import itertools
 import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -52,6 +52,9 @@ from bench._meta_kernels import (
     nf4_layer,
 )
 from ckpt_core._memory.allocator import MIB, CachingAllocator
+
+if TYPE_CHECKING:
+    from ckpt_core._memory.inputs import Run
 
 TARGETS: Final = ["q_proj", "k_proj", "v_proj", "o_proj"]
 # LoRA on the attention of model types whose linears are named otherwise.
@@ -320,9 +323,8 @@ def replay(events: list[Event]) -> tuple[int, int]:
     return allocator.peak_allocated, allocator.peak_reserved
 
 
-def estimate(case: Case) -> tuple[int, int, int]:
-    """The estimate's (allocated peak, reserved pool, cuBLAS workspace) for the case."""
-    from ckpt_core._memory.advise import estimate_tiers
+def prepared(case: Case) -> Run:
+    """The estimate's prepared request for the case (its workload, on `GPU`)."""
     from ckpt_core._memory.inputs import model_facts, parse_workload, prepare
 
     workload: dict[str, Any] = {
@@ -339,7 +341,14 @@ def estimate(case: Case) -> tuple[int, int, int]:
         workload.update(lora_rank=32, lora_targets=None if case.all_linear else case.targets)
     if case.method == "qlora":
         workload["weights"] = case.weights
-    run = prepare(model_facts(case.model), parse_workload(workload), GPU)
+    return prepare(model_facts(case.model), parse_workload(workload), GPU)
+
+
+def estimate(case: Case) -> tuple[int, int, int]:
+    """The estimate's (allocated peak, reserved pool, cuBLAS workspace) for the case."""
+    from ckpt_core._memory.advise import estimate_tiers
+
+    run = prepared(case)
     answer = estimate_tiers(run, None)
     tier = answer["tiers"][case.tier]
     context = answer["assumptions"]["cuda_context_bytes"]

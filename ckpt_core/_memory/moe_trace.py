@@ -30,7 +30,7 @@ def shared_module(arch: Arch) -> str:
 
 def expert_parameters(arch: Arch) -> list[tuple[str, int, int, int]]:
     """The stacked experts and the router's weight of one MoE layer, in module order:
-    (name, stacked matrices, fan in, fan out)."""
+    (name, stacked matrices, fan in, fan out); none is a linear module."""
     h, inter, experts = arch.hidden, arch.moe_intermediate, arch.experts
     return [
         ("mlp.experts.gate_up_proj", experts, h, 2 * inter),
@@ -111,8 +111,11 @@ def _grouped_experts(sim: Sim, x: int, weights: int, *, arch: Arch, recipe: Trac
     rows, inter, experts = tokens * arch.top_k, arch.moe_intermediate, arch.experts
     sorted_ids, perm = sim.new(8 * rows), sim.new(8 * rows)
     token_index = sim.new(8 * rows)  # perm // top_k
-    selected = sim.op([x], act * rows * h, save=[token_index])
-    row_weights = sim.op([weights], sim.size(weights), save=[perm])
+    # An index's backward makes zeros of its input's size and index_puts into a new tensor.
+    selected = sim.op([x], act * rows * h, save=[token_index], backward_temps=[act * tokens * h])
+    row_weights = sim.op(
+        [weights], sim.size(weights), save=[perm], backward_temps=[sim.size(weights)]
+    )
     histogram_in = sim.new(4 * rows)
     counts = sim.new(4 * experts)
     offsets = sim.new(4 * experts)
@@ -124,12 +127,18 @@ def _grouped_experts(sim: Sim, x: int, weights: int, *, arch: Arch, recipe: Trac
     sim.drop(activated, gate, up)
     down = _grouped_mm(sim, product, "down_proj", (inter, h), arch=arch, recipe=recipe)
     sim.drop(product)
-    weighted = sim.op([down, row_weights], act * rows * h, save=[down, row_weights])
+    # The weights' gradient is `(grad * down).sum(-1)`: a product of the rows' size first.
+    weighted = sim.op(
+        [down, row_weights],
+        act * rows * h,
+        save=[down, row_weights],
+        backward_scratch=[act * rows * h],
+    )
     sim.drop(down)
     inverse = sim.new(8 * rows)
     positions = sim.new(8 * rows)  # torch.arange, scattered into the inverse permutation
     sim.drop(positions)
-    ordered = sim.op([weighted], act * rows * h, save=[inverse])
+    ordered = sim.op([weighted], act * rows * h, save=[inverse], backward_temps=[act * rows * h])
     sim.drop(weighted)
     out = sim.op([ordered], act * tokens * h)
     sim.drop(ordered, inverse, sorted_ids, perm, token_index, selected, row_weights)

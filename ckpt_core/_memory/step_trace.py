@@ -75,9 +75,11 @@ def simulate(arch: Arch, tier: str, recipe: TraceRecipe) -> tuple[int, int]:
     return sim.allocator.peak_allocated, sim.allocator.peak_reserved
 
 
-def _linears(arch: Arch, index: int) -> list[tuple[str, int, int]]:
-    """Layer ``index``'s linears (name, fan in, fan out): the attention's, then the MLP's,
-    or in an MoE layer its shared expert's (its routed experts are `_stacks`)."""
+def _parameters(arch: Arch, index: int) -> list[tuple[str, int, int, int]]:
+    """Layer ``index``'s matrices in module order: (name, stacked, fan in, fan out), where
+    ``stacked`` is 0 for a linear module (what bitsandbytes quantizes and LoRA adapts as
+    a linear) and the experts of a stacked parameter otherwise.  The attention's, then
+    the MLP's; in an MoE layer the routed experts and the router, then a shared expert."""
     h, q, kv = arch.hidden, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
     inter = arch.intermediate or arch.moe_intermediate * max(1, arch.top_k)
     output = (f"self_attn.{arch.o_name}", q, h)
@@ -86,27 +88,21 @@ def _linears(arch: Arch, index: int) -> list[tuple[str, int, int]]:
     else:
         attention = [(f"self_attn.{x}_proj", h, n) for x, n in (("q", q), ("k", kv), ("v", kv))]
         attention.append(output)
+    linears = [(name, 0, fan_in, fan_out) for name, fan_in, fan_out in attention]
     if _routed(arch, index):
         shared, module = arch.shared_expert_intermediate, shared_module(arch)
-        if not shared:
-            return attention
-        mlp = [(f"{module}.{x}_proj", h, shared) for x in ("gate", "up")]
-        mlp.append((f"{module}.down_proj", shared, h))
-        if arch.shared_expert_gate:
-            mlp.append(("mlp.shared_expert_gate", h, 1))
-        return attention + mlp
+        mlp = [(f"{module}.{x}_proj", h, shared) for x in ("gate", "up")] if shared else []
+        mlp += [(f"{module}.down_proj", shared, h)] if shared else []
+        mlp += [("mlp.shared_expert_gate", h, 1)] if shared and arch.shared_expert_gate else []
+        return linears + expert_parameters(arch) + [(name, 0, i, o) for name, i, o in mlp]
     up, down = arch.mlp_names
     if arch.fused_gate_up:
         mlp = [("mlp.gate_up_proj", h, 2 * inter)]
     else:
         mlp = [("mlp.gate_proj", h, inter)] if arch.glu else []
         mlp.append((f"mlp.{up}", h, inter))
-    return [*attention, *mlp, (f"mlp.{down}", inter, h)]
-
-
-def _stacks(arch: Arch, index: int) -> list[tuple[str, int, int, int]]:
-    """Layer ``index``'s routed experts and router (`moe_trace.expert_parameters`)."""
-    return expert_parameters(arch) if _routed(arch, index) else []
+    mlp.append((f"mlp.{down}", inter, h))
+    return linears + [(name, 0, fan_in, fan_out) for name, fan_in, fan_out in mlp]
 
 
 def _routed(arch: Arch, index: int) -> bool:
@@ -115,31 +111,27 @@ def _routed(arch: Arch, index: int) -> bool:
 
 def trained_tensors(arch: Arch, recipe: TraceRecipe) -> list[adafactor.Trained]:
     """The trained matrices in ``model.parameters()`` order (the optimizer makes its states
-    and steps in that order): a full fine-tune's token embeddings, block linears, routed
-    experts (a stack as one tensor) and untied LM head; else the adapters, A (rank x
-    fan_in) then B (fan_out x rank), an adapted stack's for all its experts."""
+    and steps in that order): a full fine-tune's token embeddings, block matrices (a
+    stack of experts as one tensor) and untied LM head; else the adapters, A (rank x
+    fan_in) then B (fan_out x rank), a stack's for all its experts."""
     trained: list[adafactor.Trained] = []
     weights, rank = recipe.weights, recipe.lora_rank
     if recipe.full:
         embedding = adafactor.Trained(weights, arch.vocab, arch.hidden)
         trained.append(embedding)
         for index in range(arch.layers):
-            trained += [adafactor.Trained(weights, n, m) for _, m, n in _linears(arch, index)]
-            for _, experts, fan_in, fan_out in _stacks(arch, index):
-                trained.append(adafactor.Trained(weights, experts * fan_out, fan_in))
+            for _, stacked, fan_in, fan_out in _parameters(arch, index):
+                trained.append(adafactor.Trained(weights, max(1, stacked) * fan_out, fan_in))
         if not arch.tied:
             trained.append(embedding)
     for index in range(arch.layers if rank else 0):
-        for name, fan_in, fan_out in _linears(arch, index):
+        for name, stacked, fan_in, fan_out in _parameters(arch, index):
             if adapted(recipe, name):
-                trained += [adafactor.Trained(4, rank, fan_in), adafactor.Trained(4, fan_out, rank)]
-        for name, experts, fan_in, fan_out in _stacks(arch, index):
-            if adapted(recipe, name):
-                stacked = experts * rank * (2 if name.endswith("gate_up_proj") else 1)
-                trained += [
-                    adafactor.Trained(4, stacked, fan_in),
-                    adafactor.Trained(4, fan_out, stacked),
-                ]
+                # PEFT adapts a stack's gate and up together, each at the LoRA rank.
+                fused = 2 if stacked and name.endswith("gate_up_proj") else 1
+                width = rank * max(1, stacked) * fused
+                trained.append(adafactor.Trained(4, width, fan_in))
+                trained.append(adafactor.Trained(4, fan_out, width))
     return trained
 
 
@@ -183,11 +175,11 @@ def _load_and_move(sim: Sim, arch: Arch, recipe: TraceRecipe) -> tuple[list[int]
     embeddings = [sim.new(recipe.weights * arch.vocab * arch.hidden) for _ in _heads(arch)]
     others = [sim.new(recipe.weights * arch.hidden) for _ in range(2 * arch.layers + 1)]
     for index in range(arch.layers):
-        for _, experts, fan_in, fan_out in _stacks(arch, index):
-            others.append(sim.new(recipe.weights * experts * fan_in * fan_out))
-        for _, fan_in, fan_out in _linears(arch, index):
+        for _, stacked, fan_in, fan_out in _parameters(arch, index):
             n = fan_in * fan_out
-            if recipe.int8:
+            if stacked:
+                others.append(sim.new(recipe.weights * stacked * n))
+            elif recipe.int8:
                 # transformers' Bnb8bitQuantize: Int8Params(value.to("cpu")).to(device)
                 # copies the loaded value back as fp16 and quantizes it row-wise.
                 copies = sim.new(recipe.compute * n), sim.new(2 * n)
@@ -214,12 +206,9 @@ def _load_from_checkpoint(sim: Sim, arch: Arch, recipe: TraceRecipe, idle_sizes:
     so their place in that order changes nothing."""
     embedding = recipe.weights * arch.vocab * arch.hidden
     linears = [
-        recipe.weights * experts * fan_in * fan_out
+        recipe.weights * max(1, stacked) * fan_in * fan_out
         for index in range(arch.layers)
-        for _, experts, fan_in, fan_out in sorted(
-            [(name, 1, fan_in, fan_out) for name, fan_in, fan_out in _linears(arch, index)]
-            + _stacks(arch, index)
-        )
+        for _, stacked, fan_in, fan_out in sorted(_parameters(arch, index))
     ]
     norms = [recipe.weights * arch.hidden] * (2 * arch.layers + 1)
     large = [embedding for _ in _heads(arch)] + linears + idle_sizes
