@@ -46,6 +46,7 @@ from torch.utils._pytree import tree_flatten
 
 from bench._meta_kernels import (
     Event,
+    GroupedMM,
     int8_layer,
     kernel_buffers_after,
     kernel_buffers_before,
@@ -246,11 +247,13 @@ def _record_steps(model: Any, case: Case, events: list[Event], known: dict[int, 
         inputs["attention_mask"] = torch.ones_like(ids)
         _register(inputs["attention_mask"], events, known)
     log = _Log(events, known, eager=case.attention == "eager")
-    # On meta tensors, sdpa's fused kernel and CUDA's fused dropout (a bool mask) stand in
-    # for the CPU ones; patched module-wide, since a checkpoint's recompute runs on
-    # autograd's thread, outside any torch-function mode.
+    # On meta tensors, sdpa's fused kernel, CUDA's fused dropout (a bool mask) and aten's
+    # grouped matmul for experts not in bf16 (QLoRA's fp32 ones) stand in for the CPU ones;
+    # patched module-wide, since a checkpoint's recompute runs on autograd's thread,
+    # outside any torch-function mode.
     functional = torch.nn.functional
     originals = (functional.scaled_dot_product_attention, functional.dropout)
+    grouped = functional.grouped_mm
     fused = _sdpa_stand_in(False)
 
     def sdpa(query: Any, *args: Any, **kwargs: Any) -> Any:
@@ -259,7 +262,13 @@ def _record_steps(model: Any, case: Case, events: list[Event], known: dict[int, 
     def dropout(tensor: Any, *args: Any, **kwargs: Any) -> Any:
         return (_dropout if tensor.is_meta else originals[1])(tensor, *args, **kwargs)
 
+    def grouped_mm(mat_a: Any, mat_b: Any, *args: Any, **kwargs: Any) -> Any:
+        if mat_a.is_meta and mat_b.dtype != torch.bfloat16:
+            return GroupedMM.apply(mat_a, mat_b)
+        return grouped(mat_a, mat_b, *args, **kwargs)
+
     functional.scaled_dot_product_attention, functional.dropout = sdpa, dropout
+    functional.grouped_mm = grouped_mm
     try:
         with no_data_dependent_mask_checks(padded=case.padded):
             for step in range(2):
@@ -286,6 +295,7 @@ def _record_steps(model: Any, case: Case, events: list[Event], known: dict[int, 
                     log.poll()
     finally:
         functional.scaled_dot_product_attention, functional.dropout = originals
+        functional.grouped_mm = grouped
 
 
 def with_workspaces(events: list[Event], size: int) -> list[Event]:
