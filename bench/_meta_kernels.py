@@ -105,25 +105,3 @@ def int8_layer(fan_in: int, fan_out: int) -> Any:
     layer.weight.CB = rows
     layer.weight.SCB = torch.empty(fan_out, dtype=torch.float32, device="meta")
     return layer
-
-
-class GroupedMM(torch.autograd.Function):
-    """aten's grouped matmul for weights not in bf16 (its CUDA fallback loops over the
-    groups; meta refuses them), as its generated autograd code runs it: each input is
-    saved only for the other's gradient, and only the inputs that require one get a
-    gradient (a frozen stack of experts keeps no input and gets none)."""
-
-    @staticmethod
-    def forward(ctx: Any, mat_a: Any, mat_b: Any) -> Any:
-        need_a, need_b = mat_a.requires_grad, mat_b.requires_grad
-        ctx.save_for_backward(mat_a if need_b else None, mat_b if need_a else None)
-        ctx.shapes, ctx.dtypes = (mat_a.shape, mat_b.shape), (mat_a.dtype, mat_b.dtype)
-        return mat_a.new_empty(mat_a.shape[0], mat_b.shape[-1])
-
-    @staticmethod
-    def backward(ctx: Any, grad: Any) -> Any:
-        (shape_a, shape_b), (dtype_a, dtype_b) = ctx.shapes, ctx.dtypes
-        need_a, need_b = ctx.needs_input_grad[:2]
-        grad_a = grad.new_empty(shape_a, dtype=dtype_a) if need_a else None
-        grad_b = grad.new_empty(shape_b, dtype=dtype_b) if need_b else None
-        return grad_a, grad_b

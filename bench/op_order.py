@@ -46,7 +46,6 @@ from torch.utils._pytree import tree_flatten
 
 from bench._meta_kernels import (
     Event,
-    GroupedMM,
     int8_layer,
     kernel_buffers_after,
     kernel_buffers_before,
@@ -234,7 +233,13 @@ def _record_load(model: Any, quantized: bool, events: list[Event], known: dict[i
 def _record_steps(model: Any, case: Case, events: list[Event], known: dict[int, Any]) -> None:
     """A warm-up and a measured step: ``zero_grad(set_to_none=True)``, forward, backward,
     torch AdamW's step (its states at the first, foreach temporaries at each)."""
-    from ckpt_core._meta.stand_ins import _dropout, _sdpa_stand_in, no_data_dependent_mask_checks
+    from ckpt_core._meta.stand_ins import (
+        _dropout,
+        _grouped_mm_fallback,
+        _needs_fallback,
+        _sdpa_stand_in,
+        no_data_dependent_mask_checks,
+    )
 
     trainable = [p for p in model.parameters() if p.requires_grad]
     ids = torch.zeros(case.batch, case.seq, dtype=torch.long, device="meta")
@@ -262,10 +267,8 @@ def _record_steps(model: Any, case: Case, events: list[Event], known: dict[int, 
     def dropout(tensor: Any, *args: Any, **kwargs: Any) -> Any:
         return (_dropout if tensor.is_meta else originals[1])(tensor, *args, **kwargs)
 
-    def grouped_mm(mat_a: Any, mat_b: Any, *args: Any, **kwargs: Any) -> Any:
-        if mat_a.is_meta and mat_b.dtype != torch.bfloat16:
-            return GroupedMM.apply(mat_a, mat_b)
-        return grouped(mat_a, mat_b, *args, **kwargs)
+    def grouped_mm(mat_a: Any, *args: Any, **kwargs: Any) -> Any:
+        return (_grouped_mm_fallback if _needs_fallback(mat_a) else grouped)(mat_a, *args, **kwargs)
 
     functional.scaled_dot_product_attention, functional.dropout = sdpa, dropout
     functional.grouped_mm = grouped_mm

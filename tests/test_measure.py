@@ -254,3 +254,31 @@ def test_bad_granularity_is_an_error(granularity: object) -> None:
     model = _tiny("llama", "sdpa").to("meta")
     with pytest.raises(InvalidGranularityError):
         measure_activation_bytes(model, granularity, seq_len=SEQ, micro_batch_size=1)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("weight_trained", [False, True])
+def test_a_grouped_matmul_not_in_bf16_keeps_what_atens_autograd_keeps(
+    weight_trained: bool,
+) -> None:
+    """Meta refuses grouped matmuls not in bf16 (QLoRA's fp32 experts); the stand-in
+    keeps each input only for the other's gradient, as aten's generated autograd code
+    does, and makes a gradient only for an input that requires one: a frozen stack keeps
+    the weight alone (for the rows' gradient) and gets no gradient."""
+    from ckpt_core._meta.stand_ins import meta_kernels
+
+    rows = torch.empty(64, 32, device="meta", requires_grad=True)
+    stack = torch.empty(4, 32, 16, device="meta", requires_grad=weight_trained)
+    offsets = torch.empty(4, dtype=torch.int32, device="meta")
+    saved: list[int] = []
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        saved.append(tensor.nbytes)
+        return tensor
+
+    hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor)
+    with hooks, meta_kernels(flash=False):
+        out = torch.nn.functional.grouped_mm(rows, stack, offs=offsets)
+    assert sorted(saved) == sorted([stack.nbytes] + ([rows.nbytes] if weight_trained else []))
+    out.sum().backward()
+    assert rows.grad is not None and rows.grad.shape == rows.shape
+    assert (stack.grad is not None) == weight_trained

@@ -13,8 +13,9 @@ the real path, so concurrent real runs are unaffected:
   scattered back), every token counted real.
 - dropout on CPU / meta keeps a mask in the activation dtype; CUDA's fused
   dropout keeps a 1-byte bool mask: ``torch.native_dropout`` stands in.
-- grouped_mm (MoE experts) on meta accepts only bf16: other dtypes use
-  transformers' own fallback operator, which keeps the same tensors.
+- grouped_mm (MoE experts) on meta accepts only bf16: other dtypes (QLoRA's
+  fp32 experts) take a stand-in for aten's fallback, which keeps each input only
+  for the other's gradient.
 - transformers' packed-sequence detection and sdpa's "can the mask be
   skipped" checks read tensor values (``.all()``), impossible on meta: for
   meta inputs they answer what the measurement feeds, one sequence per row,
@@ -210,10 +211,37 @@ def _needs_fallback(tensor: Any) -> bool:
 
 
 def _grouped_mm_fallback(mat_a: Any, mat_b: Any, *_: Any, offs: Any = None, **__: Any) -> Any:
-    """transformers' own fallback for other dtypes: it keeps the same (input, weight)."""
+    """aten's grouped matmul for weights not in bf16 (CUDA runs them through aten's own
+    fallback; meta refuses them), as its generated autograd code keeps: each input only
+    for the other's gradient, so a frozen stack of experts (QLoRA's fp32 ones) keeps no
+    input.  transformers' fallback operator would keep both."""
+    del offs
+    return _grouped_mm_function().apply(mat_a, mat_b)
+
+
+@functools.cache
+def _grouped_mm_function() -> Any:
     import torch
 
-    return torch.ops.transformers.grouped_mm_fallback(mat_a, mat_b, offs=offs)
+    class GroupedMM(torch.autograd.Function):
+        """The output, and in backward a gradient for each input that requires one."""
+
+        @staticmethod
+        def forward(ctx: Any, mat_a: Any, mat_b: Any) -> Any:
+            keep_a, keep_b = mat_b.requires_grad, mat_a.requires_grad
+            ctx.save_for_backward(mat_a if keep_a else None, mat_b if keep_b else None)
+            ctx.shapes, ctx.dtypes = (mat_a.shape, mat_b.shape), (mat_a.dtype, mat_b.dtype)
+            return mat_a.new_empty(mat_a.shape[0], mat_b.shape[-1])
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            (shape_a, shape_b), (dtype_a, dtype_b) = ctx.shapes, ctx.dtypes
+            need_a, need_b = ctx.needs_input_grad[:2]
+            grad_a = grad.new_empty(shape_a, dtype=dtype_a) if need_a else None
+            grad_b = grad.new_empty(shape_b, dtype=dtype_b) if need_b else None
+            return grad_a, grad_b
+
+    return GroupedMM
 
 
 def _dropout(tensor: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
