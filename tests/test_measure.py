@@ -263,7 +263,7 @@ def test_a_grouped_matmul_not_in_bf16_keeps_what_atens_autograd_keeps(
     """Meta refuses grouped matmuls not in bf16 (QLoRA's fp32 experts); the stand-in
     keeps each input only for the other's gradient, as aten's generated autograd code
     does, and makes a gradient only for an input that requires one: a frozen stack keeps
-    the weight alone (for the rows' gradient) and gets no gradient."""
+    the weight alone (for the rows' gradient) and the offsets, and gets no gradient."""
     from ckpt_core._meta.stand_ins import meta_kernels
 
     rows = torch.empty(64, 32, device="meta", requires_grad=True)
@@ -278,7 +278,8 @@ def test_a_grouped_matmul_not_in_bf16_keeps_what_atens_autograd_keeps(
     hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor)
     with hooks, meta_kernels(flash=False):
         out = torch.nn.functional.grouped_mm(rows, stack, offs=offsets)
-    assert sorted(saved) == sorted([stack.nbytes] + ([rows.nbytes] if weight_trained else []))
+    kept = [stack.nbytes, offsets.nbytes] + ([rows.nbytes] if weight_trained else [])
+    assert sorted(saved) == sorted(kept)
     out.sum().backward()
     assert rows.grad is not None and rows.grad.shape == rows.shape
     assert (stack.grad is not None) == weight_trained

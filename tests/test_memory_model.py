@@ -672,6 +672,29 @@ def test_a_routed_experts_model_is_estimated_as_measured(
         assert activation_bytes(facts.arch, lora.step, tier) == measured, tier
 
 
+def test_frozen_experts_not_in_bf16_keep_no_grouped_matmul_input() -> None:
+    """Experts frozen in fp32 (QLoRA's, after kbit preparation) go through aten's grouped
+    matmul fallback on the GPU, whose autograd keeps each input only for the other's
+    gradient: with LoRA on the attention only, no grouped matmul keeps its rows.  The
+    meta measurement's stand-in does the same (through transformers' fallback operator it
+    measured 14% more here) and equals the estimate to the byte."""
+    from peft import LoraConfig, get_peft_model
+
+    model_input = {"config": QWEN2_MOE}
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    base = build_meta_model(load_model_config(model_input), attention="sdpa")
+    peft_model = get_peft_model(base.float(), LoraConfig(r=16, target_modules=targets))
+    peft_model.enable_input_require_grads()
+    shape = {"seq_len": 512, "micro_batch_size": 2, "attention": "sdpa", "dtype": "fp32"}
+    run = prepare(
+        model_facts(model_input),
+        parse_workload({**shape, "method": "lora", "lora_targets": targets}),
+    )
+    for tier in TIERS:
+        measured = measure_activation_bytes(peft_model, tier, **shape)
+        assert activation_bytes(run.facts.arch, run.step, tier) == measured, tier
+
+
 def test_gpt_oss_asked_for_sdpa_runs_eager() -> None:
     """Its model class has no sdpa: transformers runs eager, and so does the estimate."""
     workload = parse_workload({"seq_len": 512, "attention": "sdpa"})

@@ -212,11 +212,10 @@ def _needs_fallback(tensor: Any) -> bool:
 
 def _grouped_mm_fallback(mat_a: Any, mat_b: Any, *_: Any, offs: Any = None, **__: Any) -> Any:
     """aten's grouped matmul for weights not in bf16 (CUDA runs them through aten's own
-    fallback; meta refuses them), as its generated autograd code keeps: each input only
-    for the other's gradient, so a frozen stack of experts (QLoRA's fp32 ones) keeps no
-    input.  transformers' fallback operator would keep both."""
-    del offs
-    return _grouped_mm_function().apply(mat_a, mat_b)
+    fallback; meta refuses them), as its generated autograd code keeps: the offsets, and
+    each input only for the other's gradient, so a frozen stack of experts (QLoRA's fp32
+    ones) keeps no input.  transformers' fallback operator would keep both."""
+    return _grouped_mm_function().apply(mat_a, mat_b, offs)
 
 
 @functools.cache
@@ -227,9 +226,9 @@ def _grouped_mm_function() -> Any:
         """The output, and in backward a gradient for each input that requires one."""
 
         @staticmethod
-        def forward(ctx: Any, mat_a: Any, mat_b: Any) -> Any:
+        def forward(ctx: Any, mat_a: Any, mat_b: Any, offs: Any) -> Any:
             keep_a, keep_b = mat_b.requires_grad, mat_a.requires_grad
-            ctx.save_for_backward(mat_a if keep_a else None, mat_b if keep_b else None)
+            ctx.save_for_backward(mat_a if keep_a else None, mat_b if keep_b else None, offs)
             ctx.shapes, ctx.dtypes = (mat_a.shape, mat_b.shape), (mat_a.dtype, mat_b.dtype)
             return mat_a.new_empty(mat_a.shape[0], mat_b.shape[-1])
 
@@ -239,7 +238,7 @@ def _grouped_mm_function() -> Any:
             need_a, need_b = ctx.needs_input_grad[:2]
             grad_a = grad.new_empty(shape_a, dtype=dtype_a) if need_a else None
             grad_b = grad.new_empty(shape_b, dtype=dtype_b) if need_b else None
-            return grad_a, grad_b
+            return grad_a, grad_b, None
 
     return GroupedMM
 
