@@ -272,7 +272,7 @@ def recipe_for(
         double_quant=workload.double_quant,
         full=workload.method == "full",
         lora_rank=step.lora_rank,
-        adapted=frozenset(name for name in _adaptable(layout) if step.adapted(name)),
+        adapted=step.adapters,
         logits=logits,
         state_bytes=state_ratio,
         foreach_temp=workload.optimizer == "adamw",
@@ -407,11 +407,3 @@ def all_tiers(
         tier: tier_memory(arch, step, tier, static, recipe, context_bytes=context_bytes)
         for tier in CONCRETE_TIERS
     }
-
-
-def _adaptable(layout: ParamLayout) -> list[str]:
-    """What LoRA can adapt: the block linears, and the parameters PEFT adapts in place of
-    linear modules (stacked experts, routers)."""
-    return [linear.name for linear in layout.linears] + [
-        parameter.name for parameter in layout.adapted_parameters
-    ]

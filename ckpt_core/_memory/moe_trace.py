@@ -22,6 +22,8 @@ from ckpt_core._memory.autograd_sim import Sim
 from ckpt_core._memory.block_trace import mlp
 from ckpt_core._memory.linear_trace import TraceRecipe, adapted, linear
 
+GATE_UP = "mlp.experts.gate_up_proj"
+
 
 def shared_module(arch: Arch) -> str:
     """Where the shared expert is: Qwen2-MoE's ``shared_expert``, GLM-4.5's ``shared_experts``."""
@@ -33,10 +35,16 @@ def expert_parameters(arch: Arch) -> list[tuple[str, int, int, int]]:
     (name, stacked matrices, fan in, fan out); none is a linear module."""
     h, inter, experts = arch.hidden, arch.moe_intermediate, arch.experts
     return [
-        ("mlp.experts.gate_up_proj", experts, h, 2 * inter),
+        (GATE_UP, experts, h, 2 * inter),
         ("mlp.experts.down_proj", experts, inter, h),
         ("mlp.gate.weight", 1, h, experts),
     ]
+
+
+def stack_rank(name: str, rank: int) -> int:
+    """PEFT's adapter rank on an adapted matrix: the stacked gate and up are adapted
+    together, each at the LoRA rank; anything else at the LoRA rank."""
+    return rank * (2 if name == GATE_UP else 1)
 
 
 def moe_mlp(sim: Sim, x: int, *, arch: Arch, recipe: TraceRecipe) -> int:
@@ -119,13 +127,13 @@ def _grouped_experts(sim: Sim, x: int, weights: int, *, arch: Arch, recipe: Trac
     histogram_in = sim.new(4 * rows)
     counts = sim.new(4 * experts)
     offsets = sim.new(4 * experts)
-    gate_up = _grouped_mm(sim, selected, "gate_up_proj", (h, 2 * inter), arch=arch, recipe=recipe)
+    gate_up = _grouped_mm(sim, selected, GATE_UP, (h, 2 * inter), arch=arch, recipe=recipe)
     gate, up = sim.views(gate_up, [act * rows * inter] * 2)
     sim.drop(gate_up)
     activated = sim.op([gate], act * rows * inter, save=[gate])
     product = sim.op([activated, up], act * rows * inter, save=[activated, up])
     sim.drop(activated, gate, up)
-    down = _grouped_mm(sim, product, "down_proj", (inter, h), arch=arch, recipe=recipe)
+    down = _grouped_mm(sim, product, "mlp.experts.down_proj", (inter, h), arch=arch, recipe=recipe)
     sim.drop(product)
     # The weights' gradient is `(grad * down).sum(-1)`: a product of the rows' size first.
     weighted = sim.op(
@@ -156,7 +164,7 @@ def _grouped_mm(
     out_bytes = recipe.act * recipe.batch * recipe.seq * arch.top_k * fan_out
     weight_bytes = recipe.kept if recipe.quantized else recipe.weights
     stacked = weight_bytes * arch.experts * fan_in * fan_out
-    if not (recipe.lora_rank and adapted(recipe, f"mlp.experts.{name}")):
+    if not (recipe.lora_rank and adapted(recipe, name)):
         return sim.op(
             [x],
             out_bytes,
@@ -165,8 +173,7 @@ def _grouped_mm(
             param_grad=stacked if recipe.full else 0,
             matmul=True,
         )
-    rank = recipe.lora_rank * (2 if name == "gate_up_proj" else 1)  # gate and up together
-    factors = arch.experts * rank * (fan_in + fan_out)
+    factors = arch.experts * stack_rank(name, recipe.lora_rank) * (fan_in + fan_out)
     if weight_bytes == 4:  # the fp32 factors themselves
         rebuilt = sim.op([], stacked, saves_other=True, param_grad=4 * factors, matmul=True)
     else:

@@ -39,7 +39,7 @@ from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.autograd_sim import Sim
 from ckpt_core._memory.families import family_of
 from ckpt_core._memory.linear_trace import TraceRecipe, adapted
-from ckpt_core._memory.moe_trace import expert_parameters, shared_module
+from ckpt_core._memory.moe_trace import expert_parameters, shared_module, stack_rank
 from ckpt_core._memory.pointwise_trace import scaled, softcap
 
 __all__ = ["TraceRecipe", "adafactor_temporary", "simulate", "trained_tensors"]
@@ -91,9 +91,12 @@ def _parameters(arch: Arch, index: int) -> list[tuple[str, int, int, int]]:
     linears = [(name, 0, fan_in, fan_out) for name, fan_in, fan_out in attention]
     if _routed(arch, index):
         shared, module = arch.shared_expert_intermediate, shared_module(arch)
-        mlp = [(f"{module}.{x}_proj", h, shared) for x in ("gate", "up")] if shared else []
-        mlp += [(f"{module}.down_proj", shared, h)] if shared else []
-        mlp += [("mlp.shared_expert_gate", h, 1)] if shared and arch.shared_expert_gate else []
+        mlp = []
+        if shared:
+            mlp = [(f"{module}.{x}_proj", h, shared) for x in ("gate", "up")]
+            mlp.append((f"{module}.down_proj", shared, h))
+            if arch.shared_expert_gate:
+                mlp.append(("mlp.shared_expert_gate", h, 1))
         return linears + expert_parameters(arch) + [(name, 0, i, o) for name, i, o in mlp]
     up, down = arch.mlp_names
     if arch.fused_gate_up:
@@ -127,9 +130,7 @@ def trained_tensors(arch: Arch, recipe: TraceRecipe) -> list[adafactor.Trained]:
     for index in range(arch.layers if rank else 0):
         for name, stacked, fan_in, fan_out in _parameters(arch, index):
             if adapted(recipe, name):
-                # PEFT adapts a stack's gate and up together, each at the LoRA rank.
-                fused = 2 if stacked and name.endswith("gate_up_proj") else 1
-                width = rank * max(1, stacked) * fused
+                width = max(1, stacked) * stack_rank(name, rank)
                 trained.append(adafactor.Trained(4, width, fan_in))
                 trained.append(adafactor.Trained(4, fan_out, width))
     return trained

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.ledger import Ledger, Step, activation, linear
-from ckpt_core._memory.moe_trace import shared_module
+from ckpt_core._memory.moe_trace import expert_parameters, shared_module
 from ckpt_core._memory.param_layout import AdaptedParameter
 
 # Model types whose LoRA targets PEFT (0.21, on transformers 5) maps onto the stacked
@@ -38,11 +38,12 @@ def adapted_experts(arch: Arch, layers: int) -> tuple[AdaptedParameter, ...]:
     if names is None or not layers:
         return ()
     gate, up, down = names
-    h, inter, experts = arch.hidden, arch.moe_intermediate, arch.experts
-    return (
-        AdaptedParameter("mlp.experts.gate_up_proj", (gate, up), experts, h, 2 * inter, layers),
-        AdaptedParameter("mlp.experts.down_proj", (down,), experts, inter, h, layers),
-        AdaptedParameter("mlp.gate.weight", ("gate",), 1, h, experts, layers),
+    targets = ((gate, up), (down,), ("gate",))  # expert_parameters' order
+    return tuple(
+        AdaptedParameter(name, replaced, experts, fan_in, fan_out, layers)
+        for (name, experts, fan_in, fan_out), replaced in zip(
+            expert_parameters(arch), targets, strict=True
+        )
     )
 
 
