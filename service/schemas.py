@@ -1,7 +1,8 @@
 """Request and response bodies (pydantic v2): the contract's types, choices and ranges.
 
 Request fields carry their real types and bounds, built from ckpt_core's constants
-(`service.contract` states the rules once, for the document and the validators);
+(`service.contract` states the rules once, for the document and the validators;
+`service.schema_rules` the cross-field ones);
 values that pass are handed to ckpt_core in canonical spelling, and ckpt_core's
 own checks - the cross-field ones included, which the models document with
 ``anyOf`` / ``not`` - still run, with their messages and fields.  Response models
@@ -10,7 +11,7 @@ are in `service.responses`.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Final
+from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
@@ -19,7 +20,6 @@ from ckpt_core import (
     COMPUTES,
     DTYPES,
     ENGINES,
-    ESTIMATE_FAMILIES,
     GRADIENTS,
     KBIT_PREPARATIONS,
     LOAD_PATHS,
@@ -30,7 +30,6 @@ from ckpt_core import (
     MAX_SEQ_LEN,
     MAX_WORLD_SIZE,
     METHODS,
-    MOE_MODEL_TYPES,
     OFFLOADS,
     OPTIMIZERS,
     SHARDINGS,
@@ -38,8 +37,6 @@ from ckpt_core import (
     InvalidTierError,
     UnknownGpuError,
     UnknownPresetError,
-    list_presets,
-    load_preset,
     lookup_gpu,
     parse_tier,
 )
@@ -50,12 +47,19 @@ from service.contract import (
     PRESET_CHOICE,
     TIER_CHOICE,
     VERSION_PATTERN,
-    Allowed,
     Choice,
     choice_validator,
-    combinations,
     gpu_memory,
     transformers_version,
+)
+from service.schema_rules import (
+    ESTIMATED_MODEL_TYPES,
+    MEASURABLE_SHARDING,
+    NOT_GPU_AND_MEMORY,
+    PRECISION,
+    SHARDING,
+    no_adafactor_on_experts,
+    not_beyond_positions,
 )
 
 _NULL = {"type": "null"}
@@ -163,66 +167,6 @@ KbitPreparationField = _choice_field(Choice(KBIT_PREPARATIONS), " | ".join(KBIT_
 ComputeField = _choice_field(Choice(COMPUTES), " | ".join(COMPUTES))
 GradientsField = _choice_field(Choice(GRADIENTS), " | ".join(GRADIENTS))
 LoadPathField = _choice_field(Choice(LOAD_PATHS), " | ".join(LOAD_PATHS))
-# Cross-field rules: the combinations ckpt_core refuses, stated as the ones it takes.
-# Each group lists what it allows, one branch a case; the rules that share a field
-# are one anyOf of the product of their groups.  Stated as an allOf of anyOf
-# clauses instead, schemathesis' generator (jsonschema_rs' canonical form) gives up
-# past ~50 intersections ("outgrew_intersections"); the product is 6 and 16 cases.
-_PRECISION: Final = combinations(
-    # qlora trains adapters over quantized weights; a full fine-tune cannot train them.
-    [
-        Allowed(required=("method",), method={"qlora"}, weights={"nf4", "int8"}),
-        Allowed(required=("method",), method={"lora"}),
-        Allowed(method={"full"}, weights={"bf16", "fp16", "fp32"}),
-    ],
-    # autocast keeps fp32 master weights (or quantized ones) and computes in a half dtype.
-    [
-        Allowed(compute={"loaded"}),
-        Allowed(
-            required=("compute",),
-            compute={"autocast"},
-            dtype={"bf16", "fp16"},
-            weights={"fp32", "nf4", "int8"},
-        ),
-    ],
-    nullable={"weights"},
-)
-_SHARDING_RULES: Final = combinations(
-    # ZeRO-1 and optimizer-only offload are DeepSpeed's; offload needs sharding;
-    # offloading everything needs zero3.
-    [
-        Allowed(offload={"none"}, engine={"torch"}, sharding={"none", "zero2", "zero3"}),
-        Allowed(required=("engine",), offload={"none"}, engine={"deepspeed"}),
-        Allowed(
-            required=("offload", "engine", "sharding"),
-            offload={"optimizer"},
-            engine={"deepspeed"},
-            sharding={"zero1", "zero2", "zero3"},
-        ),
-        Allowed(required=("offload", "sharding"), offload={"all"}, sharding={"zero3"}),
-    ],
-    # Hybrid sharding shards within a node of gpus_per_node GPUs, with zero3.
-    [
-        Allowed(hybrid={"const": False}),
-        Allowed(
-            required=("hybrid", "gpus_per_node", "sharding"),
-            hybrid={"const": True},
-            gpus_per_node={"type": "integer"},
-            sharding={"zero3"},
-        ),
-    ],
-    # Adafactor's states are modelled on whole parameters: one GPU or DDP.
-    [
-        Allowed(optimizer=set(OPTIMIZERS) - {"adafactor"}),
-        Allowed(
-            required=("optimizer",), optimizer={"adafactor"}, engine={"torch"}, sharding={"none"}
-        ),
-    ],
-)
-# A measurement has no engine field: the engine is torch, which has no ZeRO-1.
-_MEASURABLE_SHARDING: Final = {
-    "not": {"required": ["sharding"], "properties": {"sharding": Choice(["zero1"]).schema()}}
-}
 
 
 class _Request(BaseModel):
@@ -236,7 +180,7 @@ class _Request(BaseModel):
 class MeasureSpec(_Request):
     """One batch x sequence to measure activation bytes for (meta device)."""
 
-    model_config = ConfigDict(json_schema_extra={"allOf": [_MEASURABLE_SHARDING]})
+    model_config = ConfigDict(json_schema_extra={"allOf": [MEASURABLE_SHARDING]})
 
     seq_len: JsonInt = Field(ge=1, le=MAX_SEQ_LEN, description="Tokens per sequence.")
     micro_batch_size: JsonInt = Field(1, ge=1, le=MAX_MICRO_BATCH)
@@ -258,7 +202,7 @@ class MeasureSpec(_Request):
 class WorkloadSpec(MeasureSpec):
     """The training step (docs/design.md §5); every field but seq_len has a default."""
 
-    model_config = ConfigDict(json_schema_extra={"allOf": [_PRECISION, _SHARDING_RULES]})
+    model_config = ConfigDict(json_schema_extra={"allOf": [PRECISION, SHARDING]})
 
     weights: WeightsField | None = Field(
         None, description="Weight storage; null: the dtype (nf4 for qlora)."
@@ -347,114 +291,16 @@ class ModelSpec(_Request):
         return self.model_dump(exclude_none=True)
 
 
-# Presets whose families learn absolute positions: a longer sequence is refused
-# (by ckpt_core, for the estimate and the measurement).  A test checks this table
-# against ckpt_core for every preset.
-LEARNED_POSITION_KEYS: Final = {"gpt2": "n_positions", "bert": "max_position_embeddings"}
-
-
-def learned_positions() -> dict[str, int]:
-    """Preset name -> the longest sequence its learned positions allow."""
-    limits = {}
-    for preset in list_presets():
-        key = LEARNED_POSITION_KEYS.get(preset.model_type)
-        if key is not None:
-            limits[preset.name] = int(load_preset(preset.name)[key])
-    return limits
-
-
-def _not_beyond_positions(shape: str) -> dict[str, Any]:
-    """``not`` (a preset with learned positions and a longer `shape`.seq_len)."""
-    return {
-        "allOf": [
-            {
-                "not": {
-                    "required": ["model", shape],
-                    "properties": {
-                        "model": {
-                            "required": ["preset"],
-                            "properties": {"preset": Choice([name]).schema()},
-                        },
-                        shape: {
-                            "type": "object",
-                            "required": ["seq_len"],
-                            "properties": {"seq_len": {"type": "integer", "minimum": limit + 1}},
-                        },
-                    },
-                }
-            }
-            for name, limit in learned_positions().items()
-        ]
-    }
-
-
-def _no_adafactor_on_experts() -> dict[str, Any]:
-    """``not`` (optimizer adafactor with a model whose layers have experts: a preset, or a
-    config of one of `MOE_MODEL_TYPES`)."""
-    experts = [preset.name for preset in list_presets() if preset.model_type in MOE_MODEL_TYPES]
-    return {
-        "not": {
-            "required": ["model", "workload"],
-            "properties": {
-                "workload": {
-                    "required": ["optimizer"],
-                    "properties": {"optimizer": Choice(["adafactor"]).schema()},
-                },
-                "model": {
-                    "anyOf": [
-                        {
-                            "required": ["preset"],
-                            "properties": {"preset": Choice(experts).schema()},
-                        },
-                        {
-                            "required": ["config"],
-                            "properties": {
-                                "config": {
-                                    "required": ["model_type"],
-                                    "properties": {"model_type": {"enum": sorted(MOE_MODEL_TYPES)}},
-                                }
-                            },
-                        },
-                    ]
-                },
-            },
-        }
-    }
-
-
-# Both a GPU name and a GPU memory: ckpt_core refuses the pair.
-_NOT_GPU_AND_MEMORY = {
-    "not": {
-        "required": ["gpu", "gpu_memory_gb"],
-        "properties": {"gpu": {"type": "string"}, "gpu_memory_gb": {"type": "number"}},
-    }
-}
-
-
 class ResolveRequest(_Request):
     """Resolve a tier into TrainingArguments kwargs and worker hooks."""
 
     model_config = ConfigDict(
         json_schema_extra={
-            **_NOT_GPU_AND_MEMORY,
+            **NOT_GPU_AND_MEMORY,
             "allOf": [
-                *_not_beyond_positions("workload")["allOf"],
-                _no_adafactor_on_experts(),
-                # The estimate has a memory model for these model types only.
-                {
-                    "properties": {
-                        "model": {
-                            "properties": {
-                                "config": {
-                                    "required": ["model_type"],
-                                    "properties": {
-                                        "model_type": {"enum": sorted(ESTIMATE_FAMILIES)}
-                                    },
-                                }
-                            }
-                        }
-                    }
-                },
+                *not_beyond_positions("workload")["allOf"],
+                no_adafactor_on_experts(),
+                ESTIMATED_MODEL_TYPES,
             ],
             # A model and a workload go together (the estimate needs both).
             "anyOf": [
@@ -504,8 +350,8 @@ class DryRunRequest(_Request):
 
     model_config = ConfigDict(
         json_schema_extra={
-            **_NOT_GPU_AND_MEMORY,
-            **_not_beyond_positions("measure"),
+            **NOT_GPU_AND_MEMORY,
+            **not_beyond_positions("measure"),
             "examples": [
                 {"model": {"preset": "llama-3.2-1b"}, "tier": "selective"},
                 {

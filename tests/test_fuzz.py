@@ -16,7 +16,7 @@ and ``workload.lora_targets`` (suffixes of the linear layers of THAT model).
 Two rules of ``gpus_per_node`` the document says in words: it divides
 ``world_size`` (beyond JSON Schema), and it is given with ``host_memory_gb`` when
 ``world_size`` > 1 (stated in words to keep the document within what the
-generator can take, see service/schemas.py); a well-typed request is made to
+generator can take, see service/schema_rules.py); a well-typed request is made to
 keep both.
 A well-typed value in those places is swapped for a real one (a tiny config of
 a supported family; suffixes of the model's block linears); an ill-typed one

@@ -20,7 +20,8 @@ from service.errors import MalformedJSONError, field_path
 from service.jsonbody import is_json_media_type, strict_loads
 from service.negotiation import prefers_text
 from service.responses import DryRunResponse, PlanResponse, PresetSummary
-from service.schemas import MeasureSpec, WorkloadSpec, learned_positions
+from service.schema_rules import learned_positions
+from service.schemas import MeasureSpec, WorkloadSpec
 from service.settings import Settings
 
 
