@@ -32,6 +32,7 @@ Run: ``.venv/bin/python -m bench.op_order [--presets P ...] [--methods ...]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import itertools
 import statistics
@@ -270,8 +271,19 @@ def _record_steps(model: Any, case: Case, events: list[Event], known: dict[int, 
     def grouped_mm(mat_a: Any, *args: Any, **kwargs: Any) -> Any:
         return (_grouped_mm_fallback if _needs_fallback(mat_a) else grouped)(mat_a, *args, **kwargs)
 
+    # PEFT's parametrized experts turn autocast off around their rebuilt stacks, which
+    # torch refuses for meta; meta never autocasts, so it is a no-op there (as
+    # transformers' own `maybe_autocast` makes it).
+    autocast = torch.autocast
+
+    def meta_autocast(device_type: str, *args: Any, enabled: bool = True, **kwargs: Any) -> Any:
+        if device_type == "meta" and not enabled:
+            return contextlib.nullcontext()
+        return autocast(device_type, *args, enabled=enabled, **kwargs)
+
     functional.scaled_dot_product_attention, functional.dropout = sdpa, dropout
     functional.grouped_mm = grouped_mm
+    torch.autocast = meta_autocast
     try:
         with no_data_dependent_mask_checks(padded=case.padded):
             for step in range(2):
@@ -299,6 +311,7 @@ def _record_steps(model: Any, case: Case, events: list[Event], known: dict[int, 
     finally:
         functional.scaled_dot_product_attention, functional.dropout = originals
         functional.grouped_mm = grouped
+        torch.autocast = autocast
 
 
 def with_workspaces(events: list[Event], size: int) -> list[Event]:
