@@ -88,11 +88,14 @@ class Case:
     overrides: tuple[tuple[str, Any], ...] = ()  # config keys set on the preset's config
     weights: str = "nf4"  # a QLoRA case's bitsandbytes weights: nf4 | int8
     all_linear: bool = False  # LoRA on every linear (PEFT's ``all-linear``, MoE experts too)
+    lora_targets: tuple[str, ...] = ()  # LoRA on these module names instead of the attention
 
     @property
     def targets(self) -> list[str] | str:
         if self.all_linear:
             return "all-linear"
+        if self.lora_targets:
+            return list(self.lora_targets)
         return TARGETS_BY_TYPE.get(str(self.model_config["model_type"]), TARGETS)
 
     @property

@@ -891,10 +891,15 @@ def test_recompute_flops_ratio_matches_flop_counter(arch: str, dropout: float) -
 
 
 @pytest.mark.parametrize(
-    ("preset", "layers", "tier"), [("llama-3.2-1b", 16, "off"), ("llama-2-7b", 8, "full")]
+    ("preset", "layers", "tier", "seq"),
+    [
+        ("llama-3.2-1b", 16, "off", 1024),
+        ("llama-2-7b", 8, "full", 1024),
+        ("llama-2-7b", 4, "medium", 2048),
+    ],
 )
 def test_peak_without_allowance_matches_mem_tracker_on_meta(
-    preset: str, layers: int, tier: str
+    preset: str, layers: int, tier: str, seq: int
 ) -> None:
     """weights + gradients + activations + transient vs MemTracker's peak of a training step.
 
@@ -902,7 +907,9 @@ def test_peak_without_allowance_matches_mem_tracker_on_meta(
     momentum, gradients already allocated (a second micro-batch).  The 1B
     model peaks in the loss backward (128k vocabulary), the 7B-shaped one (8
     layers, to stay quick) in a block's backward; the model may err a little
-    high, never much low.
+    high, never much low.  Under medium on an even count the last block is not
+    checkpointed, so its kept storages are freed before any block is recomputed
+    (the 4-layer case was 20% high when the recompute was added to all of them).
     """
     from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -911,7 +918,7 @@ def test_peak_without_allowance_matches_mem_tracker_on_meta(
     from ckpt_core._memory.estimate import tier_memory
     from ckpt_core._meta.stand_ins import meta_kernels, no_data_dependent_mask_checks
 
-    seq, model_input = 1024, {"config": {**load_preset(preset), "num_hidden_layers": layers}}
+    model_input = {"config": {**load_preset(preset), "num_hidden_layers": layers}}
     model = build_meta_model(load_model_config(model_input), attention="eager")
     model = model.to(torch.bfloat16).train()
     if tier != "off":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, Final
 
 import pytest
 
@@ -195,6 +195,39 @@ def test_the_moe_replay_allocates_what_the_real_op_order_does() -> None:
     allocated, reserved = simulate(run.facts.arch, "full", run.recipe.trace)
     assert allocated == pytest.approx(real_allocated, rel=0.0002)
     assert reserved == pytest.approx(real_reserved, rel=0.01)
+
+
+MIXTRAL_2: Final = (("num_hidden_layers", 2),)
+
+
+@pytest.mark.parametrize(
+    ("preset", "overrides", "targets", "tier"),
+    [
+        ("mixtral-8x7b", MIXTRAL_2, (), "medium"),
+        ("mixtral-8x7b", MIXTRAL_2, (), "full"),
+        ("llama-3.2-1b", _on_llamas_keys({**OLMOE, "num_hidden_layers": 8}), (), "medium"),
+        ("llama-3.2-1b", _on_llamas_keys({**OLMOE, "num_hidden_layers": 8}), (), "full"),
+        ("mixtral-8x7b", MIXTRAL_2, ("w2", "q_proj", "v_proj"), "full"),
+    ],
+    ids=["mixtral-medium", "mixtral-full", "olmoe-medium", "olmoe-full", "mixtral-down-full"],
+)
+def test_lora_on_the_experts_is_estimated_as_the_real_op_order_runs_it(
+    preset: str, overrides: tuple[tuple[str, Any], ...], targets: tuple[str, ...], tier: str
+) -> None:
+    """PEFT's all-linear LoRA (the workload's default targets, or ``targets``) adapts the
+    stacked experts and rebuilds each stack every forward.  The backward reaches the last
+    block first (under medium, not checkpointed: its kept storages are freed before a
+    block is recomputed), makes down_proj's stack-sized gradient before gate_up_proj's
+    (by then down_proj's rebuilt stack is freed), and keeps each block's adapter
+    gradients to the optimizer step.  The allocated peak is the real order's within
+    1.5%: it was 38% (Mixtral, medium) and 7% (full) high, OLMoE's full 2.3% low, and
+    down_proj's gradient went uncounted when it alone was adapted (8.6% low)."""
+    case = Case(preset, "lora", "bf16", "sdpa", tier, 2, 1024, overrides=overrides)
+    case = replace(case, all_linear=not targets, lora_targets=targets)
+    allocated, reserved, workspace = estimate(case)
+    real_allocated, real_reserved = replay(with_workspaces(record(case), workspace))
+    assert allocated == pytest.approx(real_allocated, rel=0.015)
+    assert reserved == pytest.approx(real_reserved, rel=0.04)
 
 
 def test_gelu_new_is_replayed_written_out() -> None:

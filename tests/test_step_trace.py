@@ -385,13 +385,14 @@ def test_the_closed_form_takes_the_softcapped_loss_backward_as_the_replay_does(
 
 
 def test_a_plan_between_the_tiers_adds_what_it_keeps_to_the_full_tiers_replayed_peak() -> None:
-    """gemma-2-9b full fine-tune seq 8192: the closed form misses 1.7% of the full tier's
-    replayed peak (its eager softcapped attention's backward).  A plan that checkpoints
-    all blocks but one sliding block keeps that block's activations beyond full: its
-    peak is the full tier's replayed one plus that difference, not the closed form's."""
+    """gemma-2-9b QLoRA seq 8192: the closed form misses 0.08% of the full tier's replayed
+    peak.  A plan that checkpoints all blocks but one sliding block keeps that block's
+    activations beyond full: its peak is the full tier's replayed one plus that
+    difference, not the closed form's."""
     from ckpt_core._memory.activations import mode_counts
 
-    run = prepare(model_facts({"preset": "gemma-2-9b"}), parse_workload({"seq_len": 8192}), "H200")
+    workload = parse_workload({"seq_len": 8192, "method": "qlora"})
+    run = prepare(model_facts({"preset": "gemma-2-9b"}), workload, "H200")
     arch = run.facts.arch
     ((_, sliding), count), global_blocks = mode_counts(arch, "full")
     plan = ((("full", sliding), count - 1), (("off", sliding), 1), global_blocks)

@@ -121,12 +121,6 @@ def block_modes(arch: Arch, tier: ConcreteTier) -> list[BlockMode]:
     return [_mode(tier, counter) for counter, _, _, _ in block_layout(arch)]
 
 
-@functools.lru_cache(maxsize=4096)
-def largest_block(arch: Arch, step: Step, mode: BlockMode) -> int:
-    """The local bytes of the largest block in ``mode`` (for the backward working set)."""
-    return max(block_bytes(arch, step, mode, kind)[0] for kind, _ in block_kinds(arch))
-
-
 def block_kinds(arch: Arch) -> tuple[tuple[BlockKind, int], ...]:
     """How many blocks of each kind the model has, in first-seen order."""
     return tuple((kind, count) for (_, kind), count in _block_counts(arch, "off"))

@@ -9,8 +9,10 @@ for ``torch.cuda.max_memory_allocated()`` (the recipe: `Recipe`):
   logits the caller still holds (``out.logits``, in the LM head's output
   dtype: fp32 after PEFT's kbit preparation, whose LM head is fp32), and the
   log-softmax backward's two loss-dtype vocab x tokens buffers;
-- one block's backward: the head's kept storages are freed by then; the
-  checkpointed block is recomputed and differentiated (`_transient`), plus
+- a block's backward: the head's kept storages are freed by then, and so are
+  those of the blocks differentiated before it; the block holds its whole
+  forward again (recomputed when checkpointed) and its widest gradients
+  (`ckpt_core._memory.transient`), plus
   what the meta trace does not show: CUDA's eager-attention backward holds one
   more score-sized buffer in the compute dtype (counted on the shared T4 rows:
   softmax output, its fp32 gradient and two score-sized gradients coexist),
@@ -23,9 +25,9 @@ for ``torch.cuda.max_memory_allocated()`` (the recipe: `Recipe`):
   temporary (one state-sized tensor for the denominator; the fused step
   updates in place).
 
-Gradients: with ``set_to_none`` they do not exist at the loss backward and
-only the head's and one block's exist at a block's backward; with
-``accumulate`` they are all allocated throughout.  Pure arithmetic.
+Gradients: with ``set_to_none`` they do not exist at the loss backward, and at
+a block's backward the head's exist with those of the blocks differentiated so
+far; with ``accumulate`` they are all allocated throughout.  Pure arithmetic.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from typing import TYPE_CHECKING
 from ckpt_core._memory.activations import Assignment, activation_bytes, head_bytes
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.ledger import Step
-from ckpt_core._memory.transient import loss_backward, recomputed, widest_gradients
+from ckpt_core._memory.transient import loss_backward, widest_gradients, worst_block_backward
 
 if TYPE_CHECKING:
     from ckpt_core._memory.step_trace import TraceRecipe
@@ -73,10 +75,12 @@ def allocated_moments(
     activations = activation_bytes(arch, step, tier)
     held = recipe.logits_bytes * step.tokens * arch.vocab + _dropped_leaf(arch, step)
     loss = resident + activations + held + loss_backward(arch, step)
-    block_grads = recipe.head_gradients + recipe.block_gradients
+    # The head's gradients exist at every block's backward; the blocks' are made one block
+    # at a time (`worst_block_backward`), unless all are allocated all step.
+    head_grads, block_grads = recipe.head_gradients, recipe.block_gradients
     if recipe.gradients_held:
         loss += recipe.gradients
-        block_grads = recipe.gradients
+        head_grads, block_grads = recipe.gradients, 0
     # Accumulating, a tied LM head's new gradient waits for the embedding's (the input
     # buffer of their AccumulateGrad) from the head's backward to the embedding's.
     tied = recipe.head_gradients if arch.tied else 0
@@ -86,9 +90,9 @@ def allocated_moments(
         + activations
         - head_bytes(arch, step)
         + held
-        + block_grads
+        + head_grads
         + waiting
-        + recomputed(arch, step, tier)
+        + worst_block_backward(arch, step, tier, block_grads)
         + widest_gradients(arch, step)
         + _eager_extra(arch, step, recipe)
         + recipe.dequantized

@@ -10,9 +10,12 @@ places them:
 - otherwise, per kind, the full blocks spread evenly over that kind's blocks,
   then the selective ones spread evenly over the rest.
 
-Spreading is not needed for the memory estimate (every block's kept storages
-are alive at the peak, wherever it sits); it keeps the recomputed blocks away
-from each other in the backward pass, as ``every_n_layers`` does.  Pure Python.
+Where the full blocks sit changes the allocated peak: the backward reaches the
+last block first, and a block recomputed after an unchecked one has freed its
+kept storages holds no more than they did (`transient.worst_block_backward`).
+Spreading them from the first block leaves the last one unchecked, and keeps
+the recomputed blocks away from each other in the backward pass, as
+``every_n_layers`` does.  Pure Python.
 """
 
 from __future__ import annotations
