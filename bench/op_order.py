@@ -24,9 +24,13 @@ scores in its kernel where meta makes the fp32 copy, so fp16 eager is left
 out.  QLoRA cases need ``bitsandbytes`` installed (it is not a dependency of
 this project); without it they are skipped.
 
+A tier may also be ``blocks:K``: a block-level plan checkpointing K of the
+blocks whole, placed as ``auto`` places them (`ckpt_core._memory.placement`),
+installed with this project's hooks and estimated as ``auto`` estimates it.
+
 Run: ``.venv/bin/python -m bench.op_order [--presets P ...] [--methods ...]
-[--weights nf4 int8] [--attention ...] [--dtypes ...] [--tiers ...] [--batch 2]
-[--seq 1024] [--padded]``.
+[--weights nf4 int8] [--attention ...] [--dtypes ...] [--tiers ... blocks:K]
+[--batch 2] [--seq 1024] [--padded]``.
 """
 
 from __future__ import annotations
@@ -52,7 +56,9 @@ from bench._meta_kernels import (
     kernel_buffers_before,
     nf4_layer,
 )
+from ckpt_core._memory.activations import ModeCounts, block_kinds
 from ckpt_core._memory.allocator import MIB, CachingAllocator
+from ckpt_core._memory.placement import place
 
 if TYPE_CHECKING:
     from ckpt_core._memory.inputs import Run
@@ -175,7 +181,11 @@ def _model(case: Case) -> Any:
         lora = LoraConfig(r=32, lora_alpha=64, lora_dropout=0.0, target_modules=case.targets)
         model = get_peft_model(model, lora)
         model.enable_input_require_grads()
-    if case.tier != "off":
+    counts = block_counts(case)
+    if counts is not None:
+        plan = place(prepared(case).facts.arch, counts)
+        install_checkpoint_hooks(model, "blocks", block_plan=plan)
+    elif case.tier != "off":
         install_checkpoint_hooks(model, case.tier)
     return model.train()
 
@@ -373,16 +383,33 @@ def prepared(case: Case) -> Run:
     return prepare(model_facts(case.model), parse_workload(workload), GPU)
 
 
+def block_counts(case: Case) -> ModeCounts | None:
+    """A ``blocks:K`` case's assignment: K full blocks, the rest off (one kind of block)."""
+    if not case.tier.startswith("blocks:"):
+        return None
+    kinds = block_kinds(prepared(case).facts.arch)
+    if len(kinds) != 1:
+        raise ValueError(f"{case.preset}: a blocks:K case needs a model of one kind of block")
+    ((kind, blocks),) = kinds
+    full = int(case.tier.removeprefix("blocks:"))
+    return ((("full", kind), full), (("off", kind), blocks - full))
+
+
 def estimate(case: Case) -> tuple[int, int, int]:
     """The estimate's (allocated peak, reserved pool, cuBLAS workspace) for the case."""
     from ckpt_core._memory.advise import estimate_tiers
 
     run = prepared(case)
+    assert run.recipe.trace is not None
+    workspace = run.recipe.trace.blas_workspace
+    counts = block_counts(case)
+    if counts is not None:
+        memory = run.peak.of(run.facts.arch, run.step, counts)
+        return memory.allocated_bytes, memory.peak_bytes - run.context[0], workspace
     answer = estimate_tiers(run, None)
     tier = answer["tiers"][case.tier]
     context = answer["assumptions"]["cuda_context_bytes"]
-    assert run.recipe.trace is not None
-    return tier["allocated_bytes"], tier["peak_bytes"] - context, run.recipe.trace.blas_workspace
+    return tier["allocated_bytes"], tier["peak_bytes"] - context, workspace
 
 
 def cases(args: argparse.Namespace) -> Iterator[Case]:

@@ -230,6 +230,21 @@ def test_lora_on_the_experts_is_estimated_as_the_real_op_order_runs_it(
     assert reserved == pytest.approx(real_reserved, rel=0.04)
 
 
+def test_a_block_level_plan_is_estimated_as_the_real_op_order_runs_it() -> None:
+    """A block-level plan leaves its last block unchecked (`place` spreads the
+    checkpointed blocks from the first), so the backward frees that block's kept storages
+    before it recomputes any: Llama-2-7B's shape (8 layers), LoRA, eager, seq 2048, 6 of 8
+    blocks checkpointed (this project's hooks).  Its allocated peak is the real order's
+    within 3.5% (the closed form's whole-block backward errs high); it was 18% high when a
+    recomputed block was added to every block's kept storages."""
+    case = Case("llama-2-7b", "lora", "bf16", "eager", "blocks:6", 1, 2048)
+    case = replace(case, overrides=(("num_hidden_layers", 8),))
+    allocated, reserved, workspace = estimate(case)
+    real_allocated, real_reserved = replay(with_workspaces(record(case), workspace))
+    assert real_allocated <= allocated <= real_allocated * 1.035
+    assert reserved == pytest.approx(real_reserved, rel=0.03)
+
+
 def test_gelu_new_is_replayed_written_out() -> None:
     """GPT-2's MLP activation (``gelu_new``, Phi's too) is written out in Python: its seven
     intermediate-sized temporaries shape the pool, so the stand-in replays them.  As one
