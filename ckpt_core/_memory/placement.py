@@ -1,8 +1,8 @@
 """Which blocks carry an assignment's modes: from counts per kind to a `BlockPlan`.
 
-Memory and FLOPs depend only on how many blocks of each kind take each mode
-(`ckpt_core._memory.activations`), so the search chooses counts and this module
-places them:
+FLOPs and the kept activations depend only on how many blocks of each kind take
+each mode (`ckpt_core._memory.activations`), so the search chooses counts and
+this module places them, one placement per count:
 
 - when nothing is selective and the full blocks can be exactly the set HF's
   ``every_n_layers=N`` checkpoints (the same count of full blocks of each kind
