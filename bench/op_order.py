@@ -61,6 +61,7 @@ from ckpt_core._memory.allocator import MIB, CachingAllocator
 from ckpt_core._memory.placement import place
 
 if TYPE_CHECKING:
+    from ckpt_core._memory.arch import Arch
     from ckpt_core._memory.inputs import Run
 
 TARGETS: Final = ["q_proj", "k_proj", "v_proj", "o_proj"]
@@ -78,6 +79,7 @@ TARGETS_BY_TYPE: Final = {
     "bert": ["query", "key", "value", "attention.output.dense"],
 }
 PRESETS: Final = ("llama-3.2-1b", "qwen2.5-0.5b", "gemma-3-1b", "phi-3-mini", "qwen3-8b")
+BLOCKS: Final = "blocks:"  # a tier naming a block-level plan: blocks:K
 GPU: Final = "A100-80GB"  # the workspace size; the context is taken off the estimate
 
 
@@ -181,10 +183,9 @@ def _model(case: Case) -> Any:
         lora = LoraConfig(r=32, lora_alpha=64, lora_dropout=0.0, target_modules=case.targets)
         model = get_peft_model(model, lora)
         model.enable_input_require_grads()
-    counts = block_counts(case)
-    if counts is not None:
-        plan = place(prepared(case).facts.arch, counts)
-        install_checkpoint_hooks(model, "blocks", block_plan=plan)
+    if case.tier.startswith(BLOCKS):
+        arch = prepared(case).facts.arch
+        install_checkpoint_hooks(model, "blocks", block_plan=place(arch, block_counts(case, arch)))
     elif case.tier != "off":
         install_checkpoint_hooks(model, case.tier)
     return model.train()
@@ -383,15 +384,13 @@ def prepared(case: Case) -> Run:
     return prepare(model_facts(case.model), parse_workload(workload), GPU)
 
 
-def block_counts(case: Case) -> ModeCounts | None:
+def block_counts(case: Case, arch: Arch) -> ModeCounts:
     """A ``blocks:K`` case's assignment: K full blocks, the rest off (one kind of block)."""
-    if not case.tier.startswith("blocks:"):
-        return None
-    kinds = block_kinds(prepared(case).facts.arch)
+    kinds = block_kinds(arch)
     if len(kinds) != 1:
         raise ValueError(f"{case.preset}: a blocks:K case needs a model of one kind of block")
     ((kind, blocks),) = kinds
-    full = int(case.tier.removeprefix("blocks:"))
+    full = int(case.tier.removeprefix(BLOCKS))
     return ((("full", kind), full), (("off", kind), blocks - full))
 
 
@@ -402,8 +401,8 @@ def estimate(case: Case) -> tuple[int, int, int]:
     run = prepared(case)
     assert run.recipe.trace is not None
     workspace = run.recipe.trace.blas_workspace
-    counts = block_counts(case)
-    if counts is not None:
+    if case.tier.startswith(BLOCKS):
+        counts = block_counts(case, run.facts.arch)
         memory = run.peak.of(run.facts.arch, run.step, counts)
         return memory.allocated_bytes, memory.peak_bytes - run.context[0], workspace
     answer = estimate_tiers(run, None)

@@ -23,6 +23,7 @@ from ckpt_core._memory.block_trace import mlp
 from ckpt_core._memory.linear_trace import TraceRecipe, adapted, linear
 
 GATE_UP = "mlp.experts.gate_up_proj"
+DOWN = "mlp.experts.down_proj"
 
 
 def shared_module(arch: Arch) -> str:
@@ -36,7 +37,7 @@ def expert_parameters(arch: Arch) -> list[tuple[str, int, int, int]]:
     h, inter, experts = arch.hidden, arch.moe_intermediate, arch.experts
     return [
         (GATE_UP, experts, h, 2 * inter),
-        ("mlp.experts.down_proj", experts, inter, h),
+        (DOWN, experts, inter, h),
         ("mlp.gate.weight", 1, h, experts),
     ]
 
@@ -133,7 +134,7 @@ def _grouped_experts(sim: Sim, x: int, weights: int, *, arch: Arch, recipe: Trac
     activated = sim.op([gate], act * rows * inter, save=[gate])
     product = sim.op([activated, up], act * rows * inter, save=[activated, up])
     sim.drop(activated, gate, up)
-    down = _grouped_mm(sim, product, "mlp.experts.down_proj", (inter, h), arch=arch, recipe=recipe)
+    down = _grouped_mm(sim, product, DOWN, (inter, h), arch=arch, recipe=recipe)
     sim.drop(product)
     # The weights' gradient is `(grad * down).sum(-1)`: a product of the rows' size first.
     weighted = sim.op(

@@ -32,6 +32,7 @@ from ckpt_core._memory.arch import Arch, BlockKind
 from ckpt_core._memory.attention import eager_softmax_bytes
 from ckpt_core._memory.families import family_of
 from ckpt_core._memory.ledger import BlockMode, Step
+from ckpt_core._memory.moe_trace import DOWN, GATE_UP
 from ckpt_core._memory.placement import place
 
 
@@ -100,10 +101,10 @@ def widest_gradients(arch: Arch, step: Step) -> int:
     # first, and its rebuilt stack is freed with its node, before gate_up_proj's.
     rows, inter = tokens * arch.top_k, arch.moe_intermediate
     stack = step.residual_bytes * arch.experts * inter * arch.hidden
-    down = stack if step.adapted("mlp.experts.down_proj") else 0
+    down = stack if step.adapted(DOWN) else 0
     if down:
         widest = max(widest, down + elem_bytes * rows * inter)
-    if step.adapted("mlp.experts.gate_up_proj"):
+    if step.adapted(GATE_UP):
         widest = max(widest, 2 * stack - down + elem_bytes * rows * arch.hidden)
     if step.attention == "eager":  # the softmax's output and its input's gradient
         scores = step.batch * arch.heads * step.seq * step.seq
