@@ -11,7 +11,7 @@ from bench.op_order import Case, estimate, prepared, record, replay, with_worksp
 from ckpt_core._configs.presets import load_preset
 from ckpt_core._memory.inputs import model_facts, parse_workload, prepare
 from ckpt_core._memory.step_trace import simulate
-from ckpt_core._memory.verdict import CLOSED_FORM_BANDS, tight_band
+from ckpt_core._memory.verdict import CLOSED_FORM_BANDS, TIGHT_BANDS, tight_band
 from tests._model_configs import (
     COHERE,
     COHERE2,
@@ -63,6 +63,10 @@ QWEN2_SLIDING = (("use_sliding_window", True), ("sliding_window", 512), ("max_wi
         Case("llama-3.2-1b", "lora", "bf16", "eager", "full", 2, 1024, overrides=COHERE2),
         Case("llama-3.2-1b", "full", "bf16", "eager", "full", 2, 1024, overrides=HUNYUAN),
         Case("llama-3.2-1b", "full", "bf16", "eager", "selective", 2, 1024, overrides=GEMMA),
+        Case("gpt2", "lora", "bf16", "sdpa", "selective", 2, 1024),
+        Case("gpt2", "lora", "bf16", "eager", "medium", 4, 512),
+        Case("gpt2", "full", "bf16", "eager", "full", 1, 1024),
+        Case("gpt2", "full", "bf16", "sdpa", "off", 4, 512),
     ],
     ids=lambda case: (
         f"{case.preset}-{case.method}-{case.attention}-{case.tier}-s{case.seq}"
@@ -89,7 +93,11 @@ def test_the_replay_allocates_what_the_real_op_order_does(case: Case) -> None:
     head from each layer's interleaved copies of cos and sin; Command R's fp32
     LayerNorm read by the attention and the MLP in parallel, its RoPE in fp32 and its
     scaled logits (R7B: sliding layers, global ones without RoPE); Hunyuan's q / k norms on the
-    rotated q and k; Gemma (1)'s norms in Llama's layer, and no sliding mask."""
+    rotated q and k; Gemma (1)'s norms in Llama's layer, and no sliding mask; GPT-2's
+    own forward: learned positions, LayerNorms (fp32 mean and rstd kept), its fused
+    c_attn split into views, CUDA's dropout (bool masks) on the embeddings, the
+    attention's weights and each branch, ``gelu_new`` written out in Python (seven
+    temporaries per MLP)."""
     allocated, reserved, workspace = estimate(case)
     real_allocated, real_reserved = replay(with_workspaces(record(case), workspace))
     assert allocated == pytest.approx(real_allocated, rel=0.002)
@@ -133,6 +141,17 @@ def test_a_model_replayed_as_llamas_block_stays_within_its_band(
     config = {**load_preset("llama-3.2-1b"), **dict(overrides)}
     run = prepare(model_facts({"config": config}), parse_workload({"seq_len": 1024}))
     assert tight_band(run.facts.arch, run.step) == CLOSED_FORM_BANDS["fused"]
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_gpt2_takes_the_band_of_a_model_replayed_as_itself(attention: str) -> None:
+    """GPT-2 is replayed as itself (the cases above): its verdicts take the replayed
+    models' error band, not the wider one of a Llama-style stand-in."""
+    workload = parse_workload({"seq_len": 1024, "attention": attention})
+    run = prepare(model_facts({"preset": "gpt2"}), workload)
+    kernel = "eager" if attention == "eager" else "fused"
+    assert tight_band(run.facts.arch, run.step) == TIGHT_BANDS[kernel]
+    assert TIGHT_BANDS["fused"] < CLOSED_FORM_BANDS["fused"]
 
 
 @pytest.mark.parametrize("overrides", [GPT_NEOX, OPT], ids=["gpt_neox-dropout", "opt-positions"])
@@ -243,18 +262,6 @@ def test_a_block_level_plan_is_estimated_as_the_real_op_order_runs_it() -> None:
     real_allocated, real_reserved = replay(with_workspaces(record(case), workspace))
     assert real_allocated <= allocated <= real_allocated * 1.035
     assert reserved == pytest.approx(real_reserved, rel=0.03)
-
-
-def test_gelu_new_is_replayed_written_out() -> None:
-    """GPT-2's MLP activation (``gelu_new``, Phi's too) is written out in Python: its seven
-    intermediate-sized temporaries shape the pool, so the stand-in replays them.  As one
-    op, GPT-2 LoRA's pool here was 15% below the real order's (one fp32 logits-sized
-    segment); the allocated peak is the closed form's."""
-    case = Case("gpt2", "lora", "bf16", "sdpa", "selective", 2, 1024)
-    allocated, reserved, workspace = estimate(case)
-    real_allocated, real_reserved = replay(with_workspaces(record(case), workspace))
-    assert reserved == pytest.approx(real_reserved, rel=0.03)
-    assert allocated == pytest.approx(real_allocated, rel=0.01)
 
 
 def test_a_softmax_in_the_dtype_leaves_no_fp32_buffers_in_the_transient() -> None:

@@ -77,6 +77,8 @@ class Sim:
     # cuBLAS workspace autograd's device thread (a handle of its own) allocates at its
     # first matmul and keeps: 0 once allocated (`ckpt_core._memory.workspace`).
     blas_workspace: int = 0
+    # The Python thread's, at the forward's first matmul when no earlier op made it.
+    forward_workspace: int = 0
     _next: int = 0
     _packs: int = 0  # pack events counted (forward) or left (recompute)
     _recomputing: bool = False
@@ -223,6 +225,7 @@ class Sim:
         save_out: bool = False,
         saves_other: bool = False,
         temps: Sequence[int] = (),
+        saved_outputs: Sequence[int] = (),
         backward_temps: Sequence[int] = (),
         backward_scratch: Sequence[int] = (),
         holds: Sequence[int] = (),
@@ -236,7 +239,10 @@ class Sim:
 
         ``saves_other``: it also saves a tensor the replay does not track (a
         weight, RoPE's cos / sin).  Inputs are saved before the output is
-        allocated (the generated autograd code), the output after.  Its
+        allocated (the generated autograd code), the output after.
+        ``saved_outputs``: the bytes of the kernel's further outputs, allocated
+        after the output and only saved for its backward (a LayerNorm's mean and
+        rstd, a dropout's mask).  Its
         backward holds ``backward_temps`` from before its input gradients are
         allocated and ``backward_scratch`` from after them (a structured
         kernel's output is allocated before its implementation's temporaries).
@@ -263,11 +269,19 @@ class Sim:
             self._pack()
         held = [self.new(size) for size in temps]
         result = self.new(out, grad)
+        extra = [self.new(size) for size in saved_outputs]
+        if matmul and self.forward_workspace and not self._recomputing:
+            # cuBLAS asks for the thread's workspace once the output is allocated; kept.
+            self.new(self.forward_workspace)
+            self.forward_workspace = 0
         self.drop(*held)
         if recording:
             saved = (*kept, result) if save_out else kept
             if save_out:
                 self.tensors[result].refs += 1
+            for tid in extra:
+                self.tensors[tid].refs += 1
+            saved = (*saved, *extra)
             self.graph.append(
                 _Op(
                     tuple(inputs),
@@ -279,13 +293,14 @@ class Sim:
                     param_grad,
                     self._recomputing,
                     matmul,
-                    bool(save or saves_other or save_out),
+                    bool(save or saves_other or save_out or extra),
                     cast,
                     shared_weight,
                     releases,
                 )
             )
-        if grad and save_out:
+        self.drop(*extra)  # no Python name holds them
+        if grad and (save_out or extra):
             self._pack()
         return result
 
@@ -454,6 +469,9 @@ class Sim:
         self._release_recompute_held()
         events, self._deferred = self._deferred, None
         self._recomputing = self._stopped = False
+        # The early stop lets the output go too when the region's last op saves a tensor
+        # made after it (a dropout's mask).
+        out_alive = out not in self._unwound
         self._locals.clear()
         self._unwound.clear()
         if node.output in grads:
@@ -465,7 +483,8 @@ class Sim:
         while inner and isinstance(inner[-1], _Op) and not inner[-1].unpacks:
             self._backward_op(inner.pop(), grads)
         self._replay(events)
-        self.drop(out)
+        if out_alive:
+            self.drop(out)
         while inner:
             item = inner.pop()
             if isinstance(item, _Op):

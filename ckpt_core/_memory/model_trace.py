@@ -33,8 +33,8 @@ class Inputs:
     read them).  ``leaf``: the adapters' leaf when it is not ``hidden`` (Granite
     scales the embedding's output after the input-grad hook made it a leaf); its
     reference passes to the step, whose AccumulateGrad node holds it.
-    ``unread``: masks the model makes that no layer reads (Ministral's full one):
-    they die as the model's forward returns.
+    ``unread``: what the model's forward holds that no layer reads (Ministral's
+    unused full mask, GPT-2's embedding lookups): it dies as the forward returns.
     """
 
     hidden: int
@@ -63,12 +63,18 @@ class TraceModel:
     ``prepare(sim, arch, recipe, workspace)``: the embeddings, masks and rotary
     tables, in the model's order (``workspace``: the first cuBLAS call's, 0 when
     made already); ``block(sim, x, arch=, recipe=, inputs=, index=, selective=)``:
-    one decoder layer; ``norm``: the final norm.
+    one decoder layer; ``norm``: the final norm; ``parameters(arch, index)``: layer
+    ``index``'s matrices in module order, (name, experts of a stack or 0, fan in, fan
+    out), when they are not Llama's (`ckpt_core._memory.step_trace`); ``tables(arch)``:
+    the rows of its other hidden-wide embedding tables, loaded and trained after the
+    token embeddings (GPT-2's positions).
     """
 
     prepare: Callable[[Sim, Arch, TraceRecipe, int], Inputs]
     block: Callable[..., int]
     norm: Callable[[Sim, int, int, int, TraceRecipe], int]
+    parameters: Callable[[Arch, int], list[tuple[str, int, int, int]]] | None = None
+    tables: Callable[[Arch], tuple[int, ...]] = lambda arch: ()
 
 
 def embedding(sim: Sim, arch: Arch, recipe: TraceRecipe) -> int:
@@ -87,7 +93,27 @@ def embedding(sim: Sim, arch: Arch, recipe: TraceRecipe) -> int:
 
 
 def llama_prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) -> Inputs:
-    """LlamaModel.forward: the embeddings, the masks the layers read, then RoPE.
+    """LlamaModel.forward: the embeddings, the masks the layers read (`layer_masks`),
+    then RoPE."""
+    hidden, leaf = embedding(sim, arch, recipe), None
+    if arch.scalar_multipliers:  # GraniteModel: `inputs_embeds * self.embedding_multiplier`
+        lookup = hidden
+        hidden = sim.op([lookup], recipe.residual * recipe.batch * recipe.seq * arch.hidden)
+        if recipe.full:  # no hook made it a leaf: the rebinding frees the lookup
+            sim.drop(lookup)
+        else:
+            leaf = lookup
+    full, sliding, held, forward_held, unread = layer_masks(sim, arch, recipe)
+    if workspace:  # the rotary embedding's `inv_freq @ position_ids`: the first cuBLAS call
+        sim.new(workspace)
+    return Inputs(hidden, full, held, forward_held, sliding_mask=sliding, leaf=leaf, unread=unread)
+
+
+def layer_masks(
+    sim: Sim, arch: Arch, recipe: TraceRecipe
+) -> tuple[int | None, int | None, tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """The masks the model makes for its layers: (full-attention layers', sliding layers',
+    `Inputs.step_held`, `Inputs.forward_held`, `Inputs.unread`).
 
     One mask per kind of layer the model has (full attention, sliding window:
     Mistral and Phi-3 slide on every layer, Qwen2 with ``use_sliding_window`` on
@@ -97,14 +123,6 @@ def llama_prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) -> 
     window is no longer than the sequence, or for a padded batch
     (``create_sliding_window_causal_mask``).
     """
-    hidden, leaf = embedding(sim, arch, recipe), None
-    if arch.scalar_multipliers:  # GraniteModel: `inputs_embeds * self.embedding_multiplier`
-        lookup = hidden
-        hidden = sim.op([lookup], recipe.residual * recipe.batch * recipe.seq * arch.hidden)
-        if recipe.full:  # no hook made it a leaf: the rebinding frees the lookup
-            sim.drop(lookup)
-        else:
-            leaf = lookup
     # The kinds of layer (sliding or not) there are; families without the field: full only.
     read = set(arch.sliding_layers) or {False}
     kinds = {False, True} if arch.both_masks else read  # Ministral makes both in any case
@@ -126,9 +144,7 @@ def llama_prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) -> 
     # A mask no layer reads is referenced by the model's forward only: it dies as that returns.
     forward_held = tuple(dict.fromkeys(mask for kind, mask in masks.items() if kind in read))
     unread = tuple(mask for mask in masks.values() if mask not in forward_held)
-    if workspace:  # the rotary embedding's `inv_freq @ position_ids`: the first cuBLAS call
-        sim.new(workspace)
-    return Inputs(hidden, full, held, forward_held, sliding_mask=sliding, leaf=leaf, unread=unread)
+    return full, sliding, held, forward_held, unread
 
 
 def llama_layer(

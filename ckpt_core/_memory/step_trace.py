@@ -78,8 +78,15 @@ def simulate(arch: Arch, tier: str, recipe: TraceRecipe) -> tuple[int, int]:
 def _parameters(arch: Arch, index: int) -> list[tuple[str, int, int, int]]:
     """Layer ``index``'s matrices in module order: (name, stacked, fan in, fan out), where
     ``stacked`` is 0 for a linear module (what bitsandbytes quantizes and LoRA adapts as
-    a linear) and the experts of a stacked parameter otherwise.  The attention's, then
-    the MLP's; in an MoE layer the routed experts and the router, then a shared expert."""
+    a linear) and the experts of a stacked parameter otherwise: the model's own
+    (`TraceModel.parameters`), else Llama's."""
+    own = family_of(arch).trace(arch).parameters
+    return own(arch, index) if own is not None else _llama_parameters(arch, index)
+
+
+def _llama_parameters(arch: Arch, index: int) -> list[tuple[str, int, int, int]]:
+    """A Llama-style layer's: the attention's, then the MLP's; in an MoE layer the routed
+    experts and the router, then a shared expert."""
     h, q, kv = arch.hidden, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
     inter = arch.intermediate or arch.moe_intermediate * max(1, arch.top_k)
     output = (f"self_attn.{arch.o_name}", q, h)
@@ -122,6 +129,7 @@ def trained_tensors(arch: Arch, recipe: TraceRecipe) -> list[adafactor.Trained]:
     if recipe.full:
         embedding = adafactor.Trained(weights, arch.vocab, arch.hidden)
         trained.append(embedding)
+        trained.extend(adafactor.Trained(weights, rows, arch.hidden) for rows in _tables(arch))
         for index in range(arch.layers):
             for _, stacked, fan_in, fan_out in _parameters(arch, index):
                 trained.append(adafactor.Trained(weights, max(1, stacked) * fan_out, fan_in))
@@ -174,6 +182,7 @@ def _load_and_move(sim: Sim, arch: Arch, recipe: TraceRecipe) -> tuple[list[int]
     parameters bitsandbytes leaves as loaded: the norms, and the stacked experts (it
     quantizes linear modules only)."""
     embeddings = [sim.new(recipe.weights * arch.vocab * arch.hidden) for _ in _heads(arch)]
+    embeddings += [sim.new(recipe.weights * rows * arch.hidden) for rows in _tables(arch)]
     others = [sim.new(recipe.weights * arch.hidden) for _ in range(2 * arch.layers + 1)]
     for index in range(arch.layers):
         for _, stacked, fan_in, fan_out in _parameters(arch, index):
@@ -212,11 +221,17 @@ def _load_from_checkpoint(sim: Sim, arch: Arch, recipe: TraceRecipe, idle_sizes:
         for _, stacked, fan_in, fan_out in sorted(_parameters(arch, index))
     ]
     norms = [recipe.weights * arch.hidden] * (2 * arch.layers + 1)
-    large = [embedding for _ in _heads(arch)] + linears + idle_sizes
+    tables = [recipe.weights * rows * arch.hidden for rows in _tables(arch)]
+    large = [embedding for _ in _heads(arch)] + tables + linears + idle_sizes
     total = sum(large) + sum(norms)
     sim.drop(sim.new(total // 2 * 2))  # torch.empty(byte_count // 2, dtype=torch.float16)
     for size in large + norms:
         sim.new(size)
+
+
+def _tables(arch: Arch) -> tuple[int, ...]:
+    """The rows of the model's other embedding tables (`TraceModel.tables`)."""
+    return family_of(arch).trace(arch).tables(arch)
 
 
 def _heads(arch: Arch) -> range:

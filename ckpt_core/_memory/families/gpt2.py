@@ -22,6 +22,7 @@ from ckpt_core._memory.families.common import (
     two_matrix_mlp,
 )
 from ckpt_core._memory.family import Family, single_stack, uniform_blocks
+from ckpt_core._memory.gpt2_trace import GPT2
 from ckpt_core._memory.ledger import (
     GLOBAL,
     BlockMode,
@@ -58,6 +59,7 @@ def _read_arch(config: Any, model_type: str) -> Arch:
         embed_dropout=float(config.embd_pdrop or 0.0),
         positions=read_int(config, "n_positions", "max_position_embeddings"),
         bias=True,
+        mlp_names=("c_fc", "c_proj"),
     )
 
 
@@ -146,4 +148,6 @@ FAMILY = Family(
     block_ledger=_block,
     block_flops=_block_flops,
     head_flops=lm_head_flops,
+    trace=lambda arch: GPT2,
+    replayed_exactly=lambda arch: True,
 )

@@ -1,0 +1,207 @@
+"""GPT-2's forward for the step replay: learned positions, LayerNorms, one fused c_attn, dropout.
+
+transformers' ``GPT2Model`` / ``GPT2Block`` / ``GPT2Attention`` / ``GPT2MLP``
+on CUDA: ``nn.LayerNorm`` is one ``native_layer_norm`` (the output, then fp32
+mean and rstd per row, kept with its input for the backward) and
+``nn.Dropout`` in training CUDA's fused ``native_dropout`` (the output, then a
+bool mask its backward keeps; p = 0 returns its input).  Masks, the fused
+attention kernel, the linears with their adapters and the MLP are the shared
+ones.  Sizes in bytes.
+"""
+
+from __future__ import annotations
+
+from ckpt_core._memory.arch import Arch
+from ckpt_core._memory.autograd_sim import Sim
+from ckpt_core._memory.block_trace import fused_attention, mlp
+from ckpt_core._memory.linear_trace import TraceRecipe, linear
+from ckpt_core._memory.model_trace import Inputs, TraceModel, embedding, layer_masks
+
+__all__ = ["GPT2", "dropout", "layer_norm", "parameters"]
+
+# The attention's linears, in module order (GPT2Attention makes c_attn first).
+_ATTENTION = ("attn.c_attn", "attn.c_proj")
+
+
+def layer_norm(
+    sim: Sim, x: int, rows: int, width: int, recipe: TraceRecipe, *, dtype: int | None = None
+) -> int:
+    """``native_layer_norm`` on ``x`` (``dtype``: its bytes per element, the residual
+    stream's unless given): its output, then the fp32 mean and rstd, kept with x."""
+    dtype = recipe.residual if dtype is None else dtype
+    return sim.op(
+        [x], dtype * rows * width, save=[x], saves_other=True, saved_outputs=(4 * rows,) * 2
+    )
+
+
+def dropout(sim: Sim, x: int, size: int, elements: int, p: float) -> int:
+    """``nn.Dropout(p)`` in training on ``x`` of ``size`` bytes and ``elements`` elements:
+    the output and a bool mask (kept); ``x`` itself when p is 0 (aten's ``dropout``)."""
+    if not p:
+        return x
+    return sim.op([x], size, saved_outputs=(elements,))
+
+
+def parameters(arch: Arch, index: int) -> list[tuple[str, int, int, int]]:
+    """Layer ``index``'s matrices in module order: (name, 0, fan in, fan out)."""
+    del index  # every block is alike
+    h, inter = arch.hidden, arch.intermediate
+    names = (*_ATTENTION, *(f"mlp.{name}" for name in arch.mlp_names))
+    shapes = ((h, 3 * h), (h, h), (h, inter), (inter, h))
+    return [(name, 0, *shape) for name, shape in zip(names, shapes, strict=True)]
+
+
+def _prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) -> Inputs:
+    """GPT2Model.forward up to the first block: ``wte(input_ids)``, the position ids
+    (``arange`` + the cache's length), ``wpe(position_ids)``, their sum, the causal mask,
+    then the embeddings' dropout, whose rebinding frees the sum.  The two lookups are
+    locals until the forward returns (adapters: the token embeddings are their leaf);
+    the position ids reach every block."""
+    tokens, seq, h = recipe.batch * recipe.seq, recipe.seq, arch.hidden
+    size = recipe.residual * tokens * h
+    embeds = embedding(sim, arch, recipe)
+    arange = sim.new(8 * seq)
+    ids = sim.new(8 * seq)
+    sim.drop(arange)
+    table = recipe.weights * arch.positions * h
+    looked_up = recipe.residual * seq * h
+    positions = sim.op([], looked_up, param_grad=table) if recipe.full else sim.new(looked_up)
+    summed = sim.op([embeds, positions], size, alias=True)
+    full, _, held, forward_held, _ = layer_masks(sim, arch, recipe)
+    hidden = dropout(sim, summed, size, tokens * h, arch.embed_dropout)
+    if hidden != summed:
+        sim.drop(summed)
+    # The first matmul is block 0's c_attn.
+    sim.forward_workspace = workspace
+    locals_ = (positions,) if not recipe.full else (embeds, positions)
+    return Inputs(
+        hidden,
+        full,
+        held,
+        (*forward_held, ids),
+        leaf=None if recipe.full else embeds,
+        unread=locals_,
+    )
+
+
+def _attention(
+    sim: Sim,
+    x: int,
+    *,
+    arch: Arch,
+    recipe: TraceRecipe,
+    mask: int | None,
+    held: list[int] | None = None,
+) -> int:
+    """GPT2Attention.forward on the normed ``x``: ``c_attn(x).split(...)`` (views of its
+    output, which nothing else names), the kernel, ``c_proj``, the residual dropout;
+    q, k and v are locals until it returns.  Eager's weights go to ``held`` when given
+    (the block's ``_``), else die on return."""
+    tokens, act, h = recipe.batch * recipe.seq, recipe.act, arch.hidden
+    qkv = linear(sim, x, _ATTENTION[0], (h, 3 * h), recipe)
+    query, key, value = sim.views(qkv, [act * tokens * h] * 3)
+    sim.drop(qkv)
+    if recipe.attention == "eager" and mask is not None:
+        attn, weights = _eager(sim, query, key, value, arch=arch, recipe=recipe, mask=mask)
+        held_weights = [weights]
+    else:
+        attn, held_weights = (
+            fused_attention(sim, query, key, value, arch=arch, recipe=recipe, mask=mask),
+            [],
+        )
+    projected = linear(sim, attn, _ATTENTION[1], (h, h), recipe)
+    sim.drop(attn)
+    out = dropout(sim, projected, act * tokens * h, tokens * h, arch.hidden_dropout)
+    if out != projected:
+        sim.drop(projected)
+    sim.drop(query, key, value)
+    if held is None:
+        sim.drop(*held_weights)
+    else:
+        held.extend(held_weights)
+    return out
+
+
+def _eager(
+    sim: Sim, query: int, key: int, value: int, *, arch: Arch, recipe: TraceRecipe, mask: int
+) -> tuple[int, int]:
+    """GPT-2's eager_attention_forward: ``matmul(q, k^T) * scaling``, ``+ mask``, softmax
+    in the activations' dtype, the attention dropout, ``matmul(weights, v)``, then the
+    attention's ``reshape``; returns (its output, the dropped-out weights).
+
+    q, k and v are views of the fused projection: with batch > 1, matmul's reshape to
+    3-D cannot merge (batch, heads) and copies each operand it reads."""
+    tokens, act, batch, seq = recipe.batch * recipe.seq, recipe.act, recipe.batch, recipe.seq
+    width = act * tokens * arch.hidden
+    scores = batch * arch.heads * seq * seq
+    copies = batch > 1
+    query_c = sim.op([query], width, alias=True) if copies else query
+    key_c = sim.op([key], width, alias=True) if copies else key
+    raw = sim.op([query_c, key_c], act * scores, save=[query_c, key_c], matmul=True)
+    if copies:
+        sim.drop(query_c, key_c)
+    scaled = sim.op([raw], act * scores)
+    sim.drop(raw)
+    masked = sim.op([scaled, mask], act * scores, alias=True)
+    sim.drop(scaled)
+    # SoftMax.cu softmax_backward_cuda_out: `tmp = grad * output`, in the gradient's dtype.
+    scratch = [act * scores] if recipe.eager_extra else []
+    probs = sim.op([masked], act * scores, save_out=True, backward_scratch=scratch)
+    sim.drop(masked)
+    weights = dropout(sim, probs, act * scores, scores, arch.attn_dropout)
+    if weights != probs:
+        sim.drop(probs)
+    value_c = sim.op([value], width, alias=True) if copies else value
+    out = sim.op([weights, value_c], width, save=[weights, value_c], matmul=True)
+    if copies:
+        sim.drop(value_c)
+    flat = sim.op([out], width, alias=True)  # transpose(1, 2), then reshape: a copy
+    sim.drop(out)
+    return flat, weights
+
+
+def _block(
+    sim: Sim,
+    x: int,
+    *,
+    arch: Arch,
+    recipe: TraceRecipe,
+    inputs: Inputs,
+    index: int,
+    selective: bool = False,
+) -> int:
+    """GPT2Block.forward: ``ln_1``, the attention (checkpointed alone when ``selective``),
+    ``attn_output + residual``, ``ln_2``, the MLP and its dropout, the second sum.  Each
+    norm's output dies as ``hidden_states`` is rebound to the sum after it; the branches'
+    outputs (``attn_output``, ``feed_forward_hidden_states``), the residual and ``_``
+    are locals until the block returns."""
+    del index  # every GPT-2 block reads the one causal mask
+    tokens, h = recipe.batch * recipe.seq, arch.hidden
+    size = recipe.residual * tokens * h
+    weights: list[int] = []
+    normed = layer_norm(sim, x, tokens, h, recipe)
+    if selective:
+        attn = sim.checkpoint(
+            lambda s, y: _attention(s, y, arch=arch, recipe=recipe, mask=inputs.mask), normed
+        )
+    else:
+        attn = _attention(sim, normed, arch=arch, recipe=recipe, mask=inputs.mask, held=weights)
+    mid = sim.op([attn, x], size, alias=True)
+    sim.drop(normed)
+    normed = layer_norm(sim, mid, tokens, h, recipe)
+    down = mlp(sim, normed, arch=arch, recipe=recipe)
+    branch = dropout(sim, down, recipe.act * tokens * h, tokens * h, arch.hidden_dropout)
+    if branch != down:
+        sim.drop(down)
+    out = sim.op([mid, branch], size, alias=True)
+    sim.drop(normed, mid, attn, branch, *weights)
+    return out
+
+
+GPT2 = TraceModel(
+    prepare=_prepare,
+    block=_block,
+    norm=layer_norm,
+    parameters=parameters,
+    tables=lambda arch: (arch.positions,),
+)
