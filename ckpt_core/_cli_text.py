@@ -102,4 +102,4 @@ def _scalar(value: Any) -> str:
         return f"{value:,.6g}"
     if isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"
-    return "(none)" if value is None else str(value)
+    return "(not set)" if value is None else str(value)

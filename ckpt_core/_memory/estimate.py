@@ -78,8 +78,10 @@ ASSUMPTIONS: Final[dict[str, str]] = {
     "full_fine_tune": "gradients and optimizer states in the parameters' dtype (torch AdamW "
     "zeros_like); fp32 master weights with compute 'autocast'; loaded in fp16, the model's "
     "keep-in-fp32 modules (T5's wo) are fp32, and so is what they compute",
-    "lora": "adapters, their gradients and optimizer states in fp32 (PEFT autocast_adapter_dtype); "
-    "lora_dropout 0; each adapter keeps an fp32 copy of its input and its rank-r output",
+    "lora": "adapters on every linear of the blocks (PEFT's all-linear) unless lora_targets "
+    "names them; adapters, their gradients and optimizer states in fp32 (PEFT "
+    "autocast_adapter_dtype); lora_dropout 0; each adapter keeps an fp32 copy of its input "
+    "and its rank-r output",
     "optimizer": "adamw 2 states (torch's foreach step holds one more parameter-sized "
     "temporary); adamw_fused 2 states and an fp32 step count per parameter on the GPU, no "
     "temporary (torch.optim.AdamW(fused=True), HF Trainer's adamw_torch_fused); adamw_8bit "
@@ -96,7 +98,7 @@ ASSUMPTIONS: Final[dict[str, str]] = {
     "ends, as `out = model(...); out.loss.backward()`",
     "allocated": "max over the step's moments (loss backward, each block's recompute and "
     "backward, optimizer step), replayed op by op for the dense decoders (Llama-style, "
-    "Phi-3, Qwen3, Gemma 2 / 3, OLMo-2); plus "
+    "Phi-3, Qwen3, Gemma 2 / 3, OLMo-2) and GPT-2; plus "
     "two cuBLAS workspaces (the Python thread's and autograd's: 32 MiB each from compute "
     "capability 9 and for an unnamed GPU, 8.125 MiB before)",
     "process": "CUDA context (measured per GPU where known, else an allowance) + the caching "
