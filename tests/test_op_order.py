@@ -30,7 +30,10 @@ from tests._model_configs import (
     OPT,
     PHI,
     QWEN2_MOE,
+    SEED_OSS,
     SMOLLM3,
+    STABLELM,
+    STABLELM_PARALLEL,
     STARCODER2,
 )
 
@@ -67,6 +70,19 @@ QWEN2_SLIDING = (("use_sliding_window", True), ("sliding_window", 512), ("max_wi
         Case("gpt2", "lora", "bf16", "eager", "medium", 4, 512),
         Case("gpt2", "full", "bf16", "eager", "full", 1, 1024),
         Case("gpt2", "full", "bf16", "sdpa", "off", 4, 512),
+        Case("llama-3.2-1b", "full", "bf16", "eager", "medium", 2, 1024, overrides=STARCODER2),
+        Case("llama-3.2-1b", "lora", "bf16", "sdpa", "selective", 2, 1024, overrides=STARCODER2),
+        Case(
+            "llama-3.2-1b",
+            "lora",
+            "bf16",
+            "eager",
+            "off",
+            2,
+            1024,
+            overrides=(*STARCODER2, ("attention_dropout", 0.1)),
+        ),
+        Case("llama-3.2-1b", "full", "bf16", "eager", "full", 2, 1024, overrides=SEED_OSS),
     ],
     ids=lambda case: (
         f"{case.preset}-{case.method}-{case.attention}-{case.tier}-s{case.seq}"
@@ -97,7 +113,9 @@ def test_the_replay_allocates_what_the_real_op_order_does(case: Case) -> None:
     own forward: learned positions, LayerNorms (fp32 mean and rstd kept), its fused
     c_attn split into views, CUDA's dropout (bool masks) on the embeddings, the
     attention's weights and each branch, ``gelu_new`` written out in Python (seven
-    temporaries per MLP)."""
+    temporaries per MLP); StarCoder2's and Seed-OSS's dropout on each branch inside
+    self_attn and the MLP (StarCoder2's on the embeddings and, eager, on the attention's
+    weights too), StarCoder2's LayerNorms."""
     allocated, reserved, workspace = estimate(case)
     real_allocated, real_reserved = replay(with_workspaces(record(case), workspace))
     assert allocated == pytest.approx(real_allocated, rel=0.002)
@@ -107,16 +125,16 @@ def test_the_replay_allocates_what_the_real_op_order_does(case: Case) -> None:
 @pytest.mark.parametrize(
     ("overrides", "method", "tier"),
     [
-        (STARCODER2, "full", "off"),
-        (STARCODER2, "full", "selective"),
+        (STABLELM, "full", "selective"),  # StableLM's lowest pool against the real order's
+        (STABLELM_PARALLEL, "full", "selective"),
         (COHERE, "lora", "full"),  # its pool's furthest from the real order's
         (PHI, "lora", "full"),  # Phi's lowest pool against the real order's
         (GPT_NEOX, "full", "full"),  # GPT-NeoX's
         (OPT, "full", "off"),  # OPT's
     ],
     ids=[
-        "starcoder2-off",
-        "starcoder2-selective",
+        "stablelm-selective",
+        "stablelm_parallel-selective",
         "cohere-full",
         "phi-full",
         "gpt_neox-full",
@@ -126,8 +144,8 @@ def test_the_replay_allocates_what_the_real_op_order_does(case: Case) -> None:
 def test_a_model_replayed_as_llamas_block_stays_within_its_band(
     overrides: tuple[tuple[str, Any], ...], method: str, tier: str
 ) -> None:
-    """StarCoder2 (LayerNorms, a GELU MLP, biases, dropout on the embeddings and each
-    branch), Phi and GPT-NeoX (their parallel layers, GPT-NeoX's fused q / k / v) and OPT
+    """StableLM (LayerNorms, RoPE on a quarter of each head; sequential or parallel), Phi
+    and GPT-NeoX (their parallel layers, GPT-NeoX's fused q / k / v) and OPT
     (learned positions, a ReLU MLP) are replayed as Llama's block at their sizes, and
     Command R with per-head q / k norms as its own layer without them: their allocated
     peak comes from the closed form, equal to the real order's within 0.2%; their pool
@@ -144,11 +162,22 @@ def test_a_model_replayed_as_llamas_block_stays_within_its_band(
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
-def test_gpt2_takes_the_band_of_a_model_replayed_as_itself(attention: str) -> None:
-    """GPT-2 is replayed as itself (the cases above): its verdicts take the replayed
-    models' error band, not the wider one of a Llama-style stand-in."""
+@pytest.mark.parametrize(
+    "model",
+    [
+        {"preset": "gpt2"},
+        {"config": {**load_preset("llama-3.2-1b"), **dict(STARCODER2)}},
+        {"config": {**load_preset("llama-3.2-1b"), **dict(SEED_OSS)}},
+    ],
+    ids=["gpt2", "starcoder2", "seed_oss"],
+)
+def test_models_replayed_as_themselves_take_their_band(
+    model: dict[str, Any], attention: str
+) -> None:
+    """GPT-2, StarCoder2 and Seed-OSS are replayed as themselves (the cases above): their
+    verdicts take the replayed models' error band, not the wider one of a stand-in."""
     workload = parse_workload({"seq_len": 1024, "attention": attention})
-    run = prepare(model_facts({"preset": "gpt2"}), workload)
+    run = prepare(model_facts(model), workload)
     kernel = "eager" if attention == "eager" else "fused"
     assert tight_band(run.facts.arch, run.step) == TIGHT_BANDS[kernel]
     assert TIGHT_BANDS["fused"] < CLOSED_FORM_BANDS["fused"]

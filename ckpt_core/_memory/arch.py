@@ -143,7 +143,8 @@ class Arch:
     clamped_swiglu: bool = False
     attn_dropout: float = 0.0
     hidden_dropout: float = 0.0
-    # Seed-OSS drops out the attention's output inside self_attn (Phi-3 in the layer).
+    # Seed-OSS and StarCoder2 drop out each branch's output inside self_attn and the MLP
+    # (Phi-3 in the layer).
     dropout_in_attention: bool = False
     embed_dropout: float = 0.0
     positions: int = 0  # learned absolute position rows

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.autograd_sim import Sim
+from ckpt_core._memory.fused_trace import dropout
 from ckpt_core._memory.linear_trace import TraceRecipe, linear
 from ckpt_core._memory.pointwise_trace import gelu_new, softcap
 
@@ -216,7 +217,21 @@ def mlp(
         sim.drop(up)
     down = linear(sim, product, f"{module}.{arch.mlp_names[1]}", (inter, h), recipe)
     sim.drop(product, *chunks)
-    return down
+    return _branch_dropout(sim, down, arch=arch, recipe=recipe)
+
+
+def _branch_dropout(sim: Sim, x: int, *, arch: Arch, recipe: TraceRecipe) -> int:
+    """Seed-OSS's and StarCoder2's residual dropout, inside self_attn and the MLP on their
+    output (`Arch.dropout_in_attention`): the rebinding frees the output."""
+    if not arch.dropout_in_attention:
+        return x
+    tokens = recipe.batch * recipe.seq
+    out = dropout(
+        sim, x, recipe.act * tokens * arch.hidden, tokens * arch.hidden, arch.hidden_dropout
+    )
+    if out != x:
+        sim.drop(x)
+    return out
 
 
 def attention(
@@ -262,6 +277,7 @@ def attention(
     if arch.query_scaling:
         query_r = _scaled_query(sim, query_r, act * tokens * q, recipe)
     out = attend(sim, query_r, key_r, value, arch=arch, recipe=recipe, mask=mask, held=held)
+    out = _branch_dropout(sim, out, arch=arch, recipe=recipe)
     # LlamaAttention.forward returns: its locals query/key/value_states die.
     sim.drop(query_r, key_r, value, *fused)
     return out
@@ -427,6 +443,10 @@ def eager_attention(
     if probs != softmax:
         sim.drop(softmax)
     sim.drop(masked)
+    dropped = dropout(sim, probs, act * scores, scores, arch.attn_dropout)
+    if dropped != probs:  # `attn_weights = dropout(attn_weights, ...)`
+        sim.drop(probs)
+        probs = dropped
     copied = batch > 1 and not grouped
     value_c = sim.op([value_f], act * tokens * q, alias=True) if copied else value_f
     out = sim.op([probs, value_c], act * tokens * q, save=[probs, value_c])

@@ -1,12 +1,9 @@
 """GPT-2's forward for the step replay: learned positions, LayerNorms, one fused c_attn, dropout.
 
 transformers' ``GPT2Model`` / ``GPT2Block`` / ``GPT2Attention`` / ``GPT2MLP``
-on CUDA: ``nn.LayerNorm`` is one ``native_layer_norm`` (the output, then fp32
-mean and rstd per row, kept with its input for the backward) and
-``nn.Dropout`` in training CUDA's fused ``native_dropout`` (the output, then a
-bool mask its backward keeps; p = 0 returns its input).  Masks, the fused
-attention kernel, the linears with their adapters and the MLP are the shared
-ones.  Sizes in bytes.
+on CUDA.  LayerNorm and dropout are single kernels (`ckpt_core._memory.fused_trace`);
+masks, the fused attention kernel, the linears with their adapters and the MLP
+are the shared ones.  Sizes in bytes.
 """
 
 from __future__ import annotations
@@ -14,32 +11,14 @@ from __future__ import annotations
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.autograd_sim import Sim
 from ckpt_core._memory.block_trace import fused_attention, mlp
+from ckpt_core._memory.fused_trace import dropout, layer_norm
 from ckpt_core._memory.linear_trace import TraceRecipe, linear
 from ckpt_core._memory.model_trace import Inputs, TraceModel, embedding, layer_masks
 
-__all__ = ["GPT2", "dropout", "layer_norm", "parameters"]
+__all__ = ["GPT2", "parameters"]
 
 # The attention's linears, in module order (GPT2Attention makes c_attn first).
 _ATTENTION = ("attn.c_attn", "attn.c_proj")
-
-
-def layer_norm(
-    sim: Sim, x: int, rows: int, width: int, recipe: TraceRecipe, *, dtype: int | None = None
-) -> int:
-    """``native_layer_norm`` on ``x`` (``dtype``: its bytes per element, the residual
-    stream's unless given): its output, then the fp32 mean and rstd, kept with x."""
-    dtype = recipe.residual if dtype is None else dtype
-    return sim.op(
-        [x], dtype * rows * width, save=[x], saves_other=True, saved_outputs=(4 * rows,) * 2
-    )
-
-
-def dropout(sim: Sim, x: int, size: int, elements: int, p: float) -> int:
-    """``nn.Dropout(p)`` in training on ``x`` of ``size`` bytes and ``elements`` elements:
-    the output and a bool mask (kept); ``x`` itself when p is 0 (aten's ``dropout``)."""
-    if not p:
-        return x
-    return sim.op([x], size, saved_outputs=(elements,))
 
 
 def parameters(arch: Arch, index: int) -> list[tuple[str, int, int, int]]:

@@ -10,12 +10,14 @@ Llama's (`LLAMA`) is the default; `ckpt_core._memory.gemma_trace` and
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.autograd_sim import Sim
 from ckpt_core._memory.block_trace import block, norm
+from ckpt_core._memory.fused_trace import dropout, layer_norm
 from ckpt_core._memory.linear_trace import TraceRecipe
 from ckpt_core._memory.moe_trace import moe_mlp
 
@@ -93,8 +95,9 @@ def embedding(sim: Sim, arch: Arch, recipe: TraceRecipe) -> int:
 
 
 def llama_prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) -> Inputs:
-    """LlamaModel.forward: the embeddings, the masks the layers read (`layer_masks`),
-    then RoPE."""
+    """LlamaModel.forward: the embeddings, the masks the layers read (`layer_masks`), the
+    embeddings' dropout (StarCoder2's, Phi's: the lookup stays a local of the forward, or
+    the adapters' leaf), then RoPE."""
     hidden, leaf = embedding(sim, arch, recipe), None
     if arch.scalar_multipliers:  # GraniteModel: `inputs_embeds * self.embedding_multiplier`
         lookup = hidden
@@ -104,6 +107,15 @@ def llama_prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) -> 
         else:
             leaf = lookup
     full, sliding, held, forward_held, unread = layer_masks(sim, arch, recipe)
+    if arch.embed_dropout:
+        tokens = recipe.batch * recipe.seq
+        lookup = hidden
+        size = recipe.residual * tokens * arch.hidden
+        hidden = dropout(sim, lookup, size, tokens * arch.hidden, arch.embed_dropout)
+        if recipe.full:
+            unread += (lookup,)
+        else:
+            leaf = lookup
     if workspace:  # the rotary embedding's `inv_freq @ position_ids`: the first cuBLAS call
         sim.new(workspace)
     return Inputs(hidden, full, held, forward_held, sliding_mask=sliding, leaf=leaf, unread=unread)
@@ -180,6 +192,12 @@ def llama_layer(
 
 
 LLAMA = TraceModel(prepare=llama_prepare, block=llama_layer, norm=norm)
+# StarCoder2's: Llama's layer and model with LayerNorms.
+LAYER_NORMED = TraceModel(
+    prepare=llama_prepare,
+    block=functools.partial(llama_layer, layer_norm=layer_norm),
+    norm=layer_norm,
+)
 
 
 def window_masked(arch: Arch, recipe: TraceRecipe) -> bool:

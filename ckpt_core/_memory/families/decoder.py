@@ -66,7 +66,7 @@ from ckpt_core._memory.ledger import (
     linear,
     norm,
 )
-from ckpt_core._memory.model_trace import LLAMA, TraceModel
+from ckpt_core._memory.model_trace import LAYER_NORMED, LLAMA, TraceModel
 from ckpt_core._memory.moe_trace import shared_module
 from ckpt_core._memory.olmo2_trace import OLMO2
 from ckpt_core._memory.param_layout import (
@@ -309,6 +309,7 @@ _TRACES: dict[str, TraceModel] = {
     "glm": GLM,
     "cohere": COHERE,
     "cohere2": COHERE,
+    "starcoder2": LAYER_NORMED,
 }
 
 
@@ -316,21 +317,23 @@ def _trace(arch: Arch) -> TraceModel:
     """Gemma 2's, Gemma 3's, OLMo-2's, EXAONE 4's, GLM-4's and GLM's layers (sandwich or
     post-norms, q / k norms, sliding masks, logit softcapping, fp32 or partial RoPE)
     are replayed as their own (OLMo-3 runs OLMo-2's, its sliding layers reading their
-    mask); every other decoder as Llama's block at its sizes."""
+    mask), StarCoder2's as Llama's with LayerNorms; every other decoder as Llama's block
+    at its sizes."""
     return _TRACES.get(arch.model_type, LLAMA)
 
 
 def _replayed_exactly(arch: Arch) -> bool:
-    """Every dense decoder but MLA's, LayerNorm's (StarCoder2, StableLM, Phi) and Command R's
-    with q / k norms (replayed as Llama's block at their sizes) and those with residual
-    dropout (not replayed).  MoE models take the closed form's allocated peak and the
+    """Every dense decoder but MLA's, those with LayerNorms replayed as Llama's block at
+    their sizes (StableLM, Phi), Command R's with q / k norms (its layer without them)
+    and those with residual dropout outside self_attn and the MLP (Phi-3's, in the
+    layer: not replayed).  MoE models take the closed form's allocated peak and the
     pool of a replay that runs their experts (`ckpt_core._memory.moe_trace`) in Llama's
     block: gpt-oss's, GLM-4.5's and DeepSeek's routers at the top-k softmax's sizes."""
     return (
         not arch.is_moe
         and not arch.kv_lora_rank
-        and not arch.hidden_dropout
-        and arch.norm != "layer"
+        and not (arch.hidden_dropout and not arch.dropout_in_attention)
+        and not (arch.norm == "layer" and _trace(arch) is LLAMA)
         and not (arch.norm == "cohere" and arch.qk_norm)
     )
 
