@@ -14,8 +14,9 @@ Sizes in bytes.
 from __future__ import annotations
 
 from ckpt_core._memory.arch import Arch
+from ckpt_core._memory.attention_trace import attend
 from ckpt_core._memory.autograd_sim import Sim
-from ckpt_core._memory.block_trace import attend, fp32_scaled_norm, mlp, rope
+from ckpt_core._memory.block_trace import fp32_scaled_norm, mlp, rope
 from ckpt_core._memory.layer_trace import projections
 from ckpt_core._memory.linear_trace import TraceRecipe
 from ckpt_core._memory.model_trace import Inputs, TraceModel, llama_prepare

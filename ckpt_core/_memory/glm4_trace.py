@@ -15,8 +15,9 @@ from __future__ import annotations
 import functools
 
 from ckpt_core._memory.arch import Arch
+from ckpt_core._memory.attention_trace import attend
 from ckpt_core._memory.autograd_sim import Sim
-from ckpt_core._memory.block_trace import attend, norm
+from ckpt_core._memory.block_trace import norm
 from ckpt_core._memory.layer_trace import post_normed_block, projections
 from ckpt_core._memory.linear_trace import TraceRecipe
 from ckpt_core._memory.model_trace import TraceModel, llama_layer, llama_prepare

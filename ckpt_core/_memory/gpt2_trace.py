@@ -9,8 +9,9 @@ are the shared ones.  Sizes in bytes.
 from __future__ import annotations
 
 from ckpt_core._memory.arch import Arch
+from ckpt_core._memory.attention_trace import fused_attention
 from ckpt_core._memory.autograd_sim import Sim
-from ckpt_core._memory.block_trace import fused_attention, mlp
+from ckpt_core._memory.block_trace import mlp
 from ckpt_core._memory.fused_trace import dropout, layer_norm
 from ckpt_core._memory.linear_trace import TraceRecipe, linear
 from ckpt_core._memory.model_trace import Inputs, TraceModel, embedding, layer_masks

@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ckpt_core._memory.arch import Arch
+from ckpt_core._memory.attention_trace import attend
 from ckpt_core._memory.autograd_sim import Sim
-from ckpt_core._memory.block_trace import attend, mlp, rope
+from ckpt_core._memory.block_trace import mlp, rope
 from ckpt_core._memory.linear_trace import TraceRecipe, linear
 from ckpt_core._memory.model_trace import Inputs
 

@@ -12,8 +12,9 @@ Sizes in bytes.
 from __future__ import annotations
 
 from ckpt_core._memory.arch import Arch
+from ckpt_core._memory.attention_trace import attend
 from ckpt_core._memory.autograd_sim import Sim
-from ckpt_core._memory.block_trace import attend, fp32_scaled_norm, rope
+from ckpt_core._memory.block_trace import fp32_scaled_norm, rope
 from ckpt_core._memory.layer_trace import post_normed_block
 from ckpt_core._memory.linear_trace import TraceRecipe, linear
 from ckpt_core._memory.model_trace import TraceModel, llama_prepare

@@ -1,0 +1,167 @@
+"""The attention kernels' allocations for the step replay, and the output projection.
+
+transformers' ``eager_attention_forward`` (Llama's: scores, the float mask, the
+softmax on an fp32 copy unless fp16, dropout on the weights, Gemma's logit
+softcapping), sdpa's fused kernels (what they save; grouped heads repeated
+with a mask) and flash attention's unpadding of a padded batch.  Sizes in bytes.
+"""
+
+from __future__ import annotations
+
+from ckpt_core._memory.arch import Arch
+from ckpt_core._memory.autograd_sim import Sim
+from ckpt_core._memory.fused_trace import dropout
+from ckpt_core._memory.linear_trace import TraceRecipe, linear
+from ckpt_core._memory.pointwise_trace import softcap
+
+__all__ = ["attend", "eager_attention", "fused_attention"]
+
+
+def attend(
+    sim: Sim,
+    query: int,
+    key: int,
+    value: int,
+    *,
+    arch: Arch,
+    recipe: TraceRecipe,
+    mask: int | None,
+    held: list[int] | None,
+) -> int:
+    """The attention kernel on RoPE'd q / k and v, then o_proj.  Eager's weights go to
+    ``held`` when given (the layer's `_` keeps them), else die at once."""
+    if recipe.attention == "eager" and mask is not None:
+        attn, weights = eager_attention(sim, query, key, value, arch=arch, recipe=recipe, mask=mask)
+        if held is None:
+            sim.drop(weights)
+        else:
+            held.append(weights)
+    else:
+        attn = fused_attention(sim, query, key, value, arch=arch, recipe=recipe, mask=mask)
+    out = linear(
+        sim, attn, f"self_attn.{arch.o_name}", (arch.heads * arch.head_dim, arch.hidden), recipe
+    )
+    sim.drop(attn)
+    return out
+
+
+def fused_attention(
+    sim: Sim, query: int, key: int, value: int, *, arch: Arch, recipe: TraceRecipe, mask: int | None
+) -> int:
+    """A fused sdpa kernel: it saves q, k, v, its output, the log-sum-exp and, for a
+    boolean ``mask``, the additive mask it converts it to.
+
+    transformers' sdpa_attention_forward leaves grouped heads to the kernel
+    (``enable_gqa``) only without a mask (use_gqa_in_sdpa): with one, repeat_kv
+    copies K and V to every head (one kv head: a stride-0 view, no copy), the
+    kernel saves the copies, and their names die as it returns."""
+    if recipe.attention == "flash" and recipe.padded:
+        return _unpadded_flash(sim, query, key, value, arch=arch, recipe=recipe)
+    batch, seq = recipe.batch, recipe.seq
+    q_bytes = recipe.act * batch * seq * arch.heads * arch.head_dim
+    copies: tuple[int, ...] = ()
+    if mask is not None and recipe.attention == "fused" and 1 < arch.kv_heads < arch.heads:
+        key, value = copies = (sim.op([key], q_bytes), sim.op([value], q_bytes))
+    bias = [sim.new(recipe.act * batch * seq * seq)] if mask is not None else []
+    lse = sim.new(4 * batch * arch.heads * seq)
+    attn = sim.op([query, key, value], q_bytes, save=[query, key, value, lse, *bias], save_out=True)
+    sim.drop(lse, *bias, *copies)
+    if recipe.attention == "flash" and arch.rope_concat:
+        # RoPE's cat leaves q contiguous per head and flash's output takes q's strides:
+        # the attention's `reshape(...).contiguous()` copies it.
+        flat = sim.op([attn], q_bytes, alias=True)
+        sim.drop(attn)
+        return flat
+    return attn
+
+
+def _unpadded_flash(
+    sim: Sim, query: int, key: int, value: int, *, arch: Arch, recipe: TraceRecipe
+) -> int:
+    """Flash with a padding mask (modeling_flash_attention_utils ``_flash_attention_forward``):
+    ``_get_unpad_data`` (per call: the lengths, the real tokens' indices, their cumulative
+    sum), k, v and q gathered (each gather keeps the indices), the varlen kernel (it saves
+    the gathered q, k, v, its output and log-sum-exp), then ``_pad_input`` scatters the
+    output into a new zero tensor, o_proj's input.  Real tokens are counted as the whole
+    batch: an upper bound."""
+    tokens, act, batch = recipe.batch * recipe.seq, recipe.act, recipe.batch
+    q_bytes, kv_bytes = (act * tokens * n * arch.head_dim for n in (arch.heads, arch.kv_heads))
+    lengths = sim.new(4 * batch)  # attention_mask.sum(-1, dtype=int32)
+    indices = sim.new(8 * tokens)  # nonzero(mask.flatten()).flatten()
+    summed = sim.new(4 * batch)  # cumsum, then F.pad
+    cumulative = sim.new(4 * (batch + 1))
+    sim.drop(summed, lengths)
+    key_u, value_u, query_u = (
+        sim.op([x], n, save=[indices])
+        for x, n in ((key, kv_bytes), (value, kv_bytes), (query, q_bytes))
+    )
+    lse = sim.new(4 * batch * arch.heads * recipe.seq)
+    out = sim.op(
+        [query_u, key_u, value_u], q_bytes, save=[query_u, key_u, value_u, lse], save_out=True
+    )
+    sim.drop(lse, query_u, key_u, value_u)
+    # `output = torch.zeros(...); output[indices] = hidden_states`: the in-place scatter
+    # keeps the indices, and its backward gathers the output's gradient.
+    scattered = sim.op([out], q_bytes, save=[indices])
+    sim.drop(out, indices, cumulative)
+    return scattered
+
+
+def eager_attention(
+    sim: Sim, query: int, key: int, value: int, *, arch: Arch, recipe: TraceRecipe, mask: int
+) -> tuple[int, int]:
+    """eager_attention_forward (with Gemma's logit softcapping when the config sets
+    it); returns (attention output, attention weights)."""
+    tokens, act, batch, seq = recipe.batch * recipe.seq, recipe.act, recipe.batch, recipe.seq
+    q = arch.heads * arch.head_dim
+    scores = batch * arch.heads * seq * seq
+    grouped = arch.kv_heads < arch.heads
+    # repeat_kv: expand + reshape copies grouped K and V to every head.
+    key_f = sim.op([key], act * tokens * q) if grouped else key
+    value_f = sim.op([value], act * tokens * q) if grouped else value
+    # torch.matmul folds 4-D operands to bmm by reshape, which copies an operand whose
+    # (batch, heads) dims cannot merge: RoPE keeps q / k in the projection's (B, S, H, D)
+    # layout, as is an unrepeated V (a transposed view); with batch 1 they merge.
+    query_c = sim.op([query], act * tokens * q, alias=True) if batch > 1 else query
+    key_c = sim.op([key_f], act * tokens * q, alias=True) if batch > 1 and not grouped else key_f
+    raw = sim.op([query_c, key_c], act * scores, save=[query_c, key_c])
+    if query_c != query:
+        sim.drop(query_c)
+    if key_c != key_f:
+        sim.drop(key_c)
+    scaled = sim.op([raw], act * scores)
+    sim.drop(raw)
+    if arch.attn_softcap:
+        scaled = softcap(sim, scaled, act * scores)
+    masked = sim.op([scaled, mask], act * scores, alias=True)
+    sim.drop(scaled)
+    # SoftMax.cu softmax_backward_cuda_out: `tmp = grad * output` (fp32) is made
+    # after the structured kernel allocated grad_input, and freed on return.
+    extra = [4 * scores] if recipe.eager_extra else []
+    # SoftMax.cpp `softmax(x, dim, dtype=float32)`: on CUDA an fp16 input is read by the
+    # half_to_float kernel; any other (bf16) is first converted, a copy that dies once
+    # the softmax returns, and whose backward casts the fp32 gradient back.
+    upcast = masked if act == 4 or recipe.fp16 else sim.op([masked], 4 * scores)
+    softmax = sim.op([upcast], 4 * scores, save_out=True, backward_scratch=extra)
+    if upcast != masked:
+        sim.drop(upcast)
+    probs = sim.op([softmax], act * scores) if act != 4 else softmax
+    # `attn_weights = softmax(attn_weights, ...).to(dtype)` frees the fp32 result after
+    # `.to`, the masked scores only when the name is rebound.
+    if probs != softmax:
+        sim.drop(softmax)
+    sim.drop(masked)
+    dropped = dropout(sim, probs, act * scores, scores, arch.attn_dropout)
+    if dropped != probs:  # `attn_weights = dropout(attn_weights, ...)`
+        sim.drop(probs)
+        probs = dropped
+    copied = batch > 1 and not grouped
+    value_c = sim.op([value_f], act * tokens * q, alias=True) if copied else value_f
+    out = sim.op([probs, value_c], act * tokens * q, save=[probs, value_c])
+    if value_c != value_f:
+        sim.drop(value_c)
+    flat = sim.op([out], act * tokens * q, alias=True)  # transpose(1, 2).contiguous()
+    sim.drop(out)
+    if grouped:  # eager_attention_forward returns: repeat_kv's copies die
+        sim.drop(key_f, value_f)
+    return flat, probs
