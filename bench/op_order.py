@@ -163,11 +163,22 @@ def _model(case: Case) -> Any:
     config = load_model_config(case.model)
     model = build_meta_model(config, attention=case.attention).to(dtype)
     if case.method == "qlora":
-        for layer in model.get_decoder().layers:
+        from transformers.pytorch_utils import Conv1D
+
+        decoder = model.get_decoder()
+        layers = decoder.layers if hasattr(decoder, "layers") else decoder.h  # GPT-2's
+        for layer in layers:
             for parent in list(layer.modules()):  # the attention's and the MLP's linears
                 for name, child in list(parent.named_children()):
-                    if isinstance(child, torch.nn.Linear):
-                        shape = child.in_features, child.out_features
+                    # transformers' bitsandbytes integration quantizes GPT-2's Conv1D as a
+                    # linear of its weight's (in, out) shape.
+                    if isinstance(child, (torch.nn.Linear, Conv1D)):
+                        linear = isinstance(child, torch.nn.Linear)
+                        shape = (
+                            (child.in_features, child.out_features)
+                            if linear
+                            else tuple(child.weight.shape)
+                        )
                         quantized = (
                             int8_layer(*shape)
                             if case.weights == "int8"
