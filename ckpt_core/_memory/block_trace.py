@@ -172,16 +172,27 @@ def block(
 
 
 def _residual(sim: Sim, x: int, branch: int, *, arch: Arch, recipe: TraceRecipe) -> int:
-    """``residual + hidden_states`` (Granite: ``+ hidden_states * residual_multiplier``,
+    """``residual + hidden_states`` (Granite: ``+ hidden_states * residual_multiplier``;
+    Phi-3: ``+ self.resid_attn_dropout(hidden_states)``, residual dropout in the layer:
     a temporary freed after the sum); the rebinding then frees the branch's output."""
-    size = recipe.residual * recipe.batch * recipe.seq * arch.hidden
-    if not arch.scalar_multipliers:
-        out = sim.op([x, branch], size, alias=True)
-        sim.drop(branch)
-        return out
-    product = sim.op([branch], recipe.act * recipe.batch * recipe.seq * arch.hidden)
+    tokens = recipe.batch * recipe.seq
+    size = recipe.residual * tokens * arch.hidden
+    if arch.scalar_multipliers:
+        product = sim.op([branch], recipe.act * tokens * arch.hidden)
+    elif arch.hidden_dropout and not arch.dropout_in_attention:
+        product = dropout(
+            sim,
+            branch,
+            recipe.act * tokens * arch.hidden,
+            tokens * arch.hidden,
+            arch.hidden_dropout,
+        )
+    else:
+        product = branch
     out = sim.op([x, product], size, alias=True)
-    sim.drop(product, branch)
+    if product != branch:
+        sim.drop(product)
+    sim.drop(branch)
     return out
 
 

@@ -324,15 +324,13 @@ def _trace(arch: Arch) -> TraceModel:
 
 def _replayed_exactly(arch: Arch) -> bool:
     """Every dense decoder but MLA's, those with LayerNorms replayed as Llama's block at
-    their sizes (StableLM, Phi), Command R's with q / k norms (its layer without them)
-    and those with residual dropout outside self_attn and the MLP (Phi-3's, in the
-    layer: not replayed).  MoE models take the closed form's allocated peak and the
+    their sizes (StableLM, Phi) and Command R's with q / k norms (its layer without
+    them).  MoE models take the closed form's allocated peak and the
     pool of a replay that runs their experts (`ckpt_core._memory.moe_trace`) in Llama's
     block: gpt-oss's, GLM-4.5's and DeepSeek's routers at the top-k softmax's sizes."""
     return (
         not arch.is_moe
         and not arch.kv_lora_rank
-        and not (arch.hidden_dropout and not arch.dropout_in_attention)
         and not (arch.norm == "layer" and _trace(arch) is LLAMA)
         and not (arch.norm == "cohere" and arch.qk_norm)
     )
