@@ -215,6 +215,26 @@ def test_estimate_matches_with_learned_positions_and_dropout(preset: str, seq_le
     assert_estimate_matches(preset, seq_len=seq_len)
 
 
+@pytest.mark.parametrize("batch", [1, 2])
+def test_gpt2_upcast_attention_keeps_fp32_copies_of_q_and_k(batch: int) -> None:
+    """GPT-2 with ``reorder_and_upcast_attn`` runs eager attention as a baddbmm of fp32
+    copies of q and k, which its backward keeps, and the softmax in fp32: the estimate
+    equals the meta measurement on every tier (it was below by those copies)."""
+    model_input = {"config": {**load_preset("gpt2"), "reorder_and_upcast_attn": True}}
+    model = build_meta_model(load_model_config(model_input), attention="eager")
+    facts = model_facts(model_input)
+    shape = {"seq_len": 512, "micro_batch_size": batch, "attention": "eager"}
+    run = prepare(facts, parse_workload(shape))
+    plain = prepare(model_facts({"preset": "gpt2"}), parse_workload(shape))
+    for tier in TIERS:
+        measured = measure_activation_bytes(model, tier, **shape)
+        # to the byte but for a scalar the measurement sees
+        assert activation_bytes(facts.arch, run.step, tier) == pytest.approx(measured, abs=64)
+    assert activation_bytes(facts.arch, run.step, "off") > activation_bytes(
+        plain.facts.arch, plain.step, "off"
+    )
+
+
 def test_phi3_residual_dropout_keeps_a_mask_per_branch() -> None:
     """Phi-3 drops out each branch's output in the layer, outside self_attn: with
     ``resid_pdrop`` the masks are kept even by a selective block (they were missed)."""

@@ -103,6 +103,9 @@ class Arch:
     # Eager attention's softmax runs in the dtype (GPT-2, BERT, Falcon, T5, gpt-oss), not
     # on an fp32 copy of the scores as Llama-style models' does.
     softmax_in_dtype: bool = False
+    # GPT-2's reorder_and_upcast_attn: eager's scores are a baddbmm of fp32 copies of q and
+    # k, which its backward keeps; the softmax runs in fp32.
+    upcast_attention: bool = False
     final_softcap: bool = False
     # Layers that apply no RoPE (SmolLM3's every fourth, EXAONE 4's global ones).
     nope_layers: tuple[bool, ...] = ()

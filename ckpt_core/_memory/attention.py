@@ -96,11 +96,17 @@ def attention_core(
     q, kv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
     out = arch.heads * arch.value_dim  # the output's width, and v's repeated per head
     scores = batch * arch.heads * seq * seq
-    led.keep(q_name, elem_bytes * tokens * q)
+    upcast = step.attention == "eager" and arch.upcast_attention
+    if upcast:  # baddbmm keeps fp32 copies of q and k, not them
+        led.keep("attn.q_fp32", 4 * tokens * q)
+        led.keep("attn.k_fp32", 4 * tokens * q)
+    else:
+        led.keep(q_name, elem_bytes * tokens * q)
     if step.attention == "eager":
         if 1 < arch.kv_heads < arch.heads or batch > 1:
             # repeat_kv copies, or matmul's reshape of (batch, heads) copies the views
-            led.keep("attn.k_full", elem_bytes * tokens * q)
+            if not upcast:
+                led.keep("attn.k_full", elem_bytes * tokens * q)
             led.keep("attn.v_full", elem_bytes * tokens * out)
         else:  # batch 1: matmul reshapes the views (one kv head: a stride-0 expand) as they are
             led.keep(k_name, elem_bytes * tokens * kv)

@@ -106,8 +106,9 @@ def _eager(
     sim: Sim, query: int, key: int, value: int, *, arch: Arch, recipe: TraceRecipe, mask: int
 ) -> tuple[int, int]:
     """GPT-2's eager_attention_forward: ``matmul(q, k^T) * scaling``, ``+ mask``, softmax
-    in the activations' dtype, the attention dropout, ``matmul(weights, v)``, then the
-    attention's ``reshape``; returns (its output, the dropped-out weights).
+    in the activations' dtype (or `_upcast_and_reordered`), the attention dropout,
+    ``matmul(weights, v)``, then the attention's ``reshape``; returns (its output, the
+    dropped-out weights).
 
     q, k and v are views of the fused projection: with batch > 1, matmul's reshape to
     3-D cannot merge (batch, heads) and copies each operand it reads."""
@@ -117,17 +118,21 @@ def _eager(
     copies = batch > 1
     query_c = sim.op([query], width, alias=True) if copies else query
     key_c = sim.op([key], width, alias=True) if copies else key
-    raw = sim.op([query_c, key_c], act * scores, save=[query_c, key_c], matmul=True)
-    if copies:
-        sim.drop(query_c, key_c)
-    scaled = sim.op([raw], act * scores)
-    sim.drop(raw)
-    masked = sim.op([scaled, mask], act * scores, alias=True)
-    sim.drop(scaled)
     # SoftMax.cu softmax_backward_cuda_out: `tmp = grad * output`, in the gradient's dtype.
-    scratch = [act * scores] if recipe.eager_extra else []
-    probs = sim.op([masked], act * scores, save_out=True, backward_scratch=scratch)
-    sim.drop(masked)
+    extra = recipe.eager_extra
+    if arch.upcast_attention:
+        probs = _upcast_and_reordered(sim, query_c, key_c, arch=arch, recipe=recipe, mask=mask)
+    else:
+        raw = sim.op([query_c, key_c], act * scores, save=[query_c, key_c], matmul=True)
+        if copies:
+            sim.drop(query_c, key_c)
+        scaled = sim.op([raw], act * scores)
+        sim.drop(raw)
+        masked = sim.op([scaled, mask], act * scores, alias=True)
+        sim.drop(scaled)
+        scratch = [act * scores] if extra else []
+        probs = sim.op([masked], act * scores, save_out=True, backward_scratch=scratch)
+        sim.drop(masked)
     weights = dropout(sim, probs, act * scores, scores, arch.attn_dropout)
     if weights != probs:
         sim.drop(probs)
@@ -137,7 +142,37 @@ def _eager(
         sim.drop(value_c)
     flat = sim.op([out], width, alias=True)  # transpose(1, 2), then reshape: a copy
     sim.drop(out)
+    if copies and arch.upcast_attention:  # the reordered path's q / k locals
+        sim.drop(query_c, key_c)
     return flat, weights
+
+
+def _upcast_and_reordered(
+    sim: Sim, query: int, key: int, *, arch: Arch, recipe: TraceRecipe, mask: int
+) -> int:
+    """GPT2Attention._upcast_and_reordered_attn (``reorder_and_upcast_attn``, eager only):
+    fp32 scores made by ``torch.empty``, ``baddbmm`` of q and k upcast (both fp32 copies
+    kept) into new ones, which the rebinding frees, ``+ mask``, the softmax in fp32 and
+    its cast to the dtype; returns the cast weights.  ``query`` / ``key``: q and k
+    reshaped to 3-D, locals of the caller's."""
+    tokens, act = recipe.batch * recipe.seq, recipe.act
+    scores = recipe.batch * arch.heads * recipe.seq * recipe.seq
+    empty = sim.new(4 * scores)
+    upcast = [sim.op([x], 4 * tokens * arch.hidden) if act != 4 else x for x in (query, key)]
+    raw = sim.op(upcast, 4 * scores, save=upcast, matmul=True)
+    if act != 4:
+        sim.drop(*upcast)
+    sim.drop(empty)
+    masked = sim.op([raw, mask], 4 * scores, alias=True)
+    sim.drop(raw)
+    scratch = [4 * scores] if recipe.eager_extra else []
+    softmax = sim.op([masked], 4 * scores, save_out=True, backward_scratch=scratch)
+    sim.drop(masked)
+    if act == 4:
+        return softmax
+    probs = sim.op([softmax], act * scores)  # `.type(value.dtype)`
+    sim.drop(softmax)
+    return probs
 
 
 def _block(

@@ -38,10 +38,12 @@ from ckpt_core._memory.param_layout import Linear, ParamLayout, embedding_parame
 def _read_arch(config: Any, model_type: str) -> Arch:
     hidden = read_int(config, "n_embd", "hidden_size")
     heads = read_int(config, "n_head", "num_attention_heads")
+    reorder = bool(getattr(config, "reorder_and_upcast_attn", False))
     return Arch(
         model_type=model_type,
         family="gpt2",
-        softmax_in_dtype=True,
+        softmax_in_dtype=not reorder,
+        upcast_attention=reorder,
         hidden=hidden,
         layers=read_int(config, "n_layer", "num_hidden_layers"),
         heads=heads,
