@@ -842,6 +842,16 @@ def test_undescribed_layer_options_are_config_errors(
     assert raised.value.field == f"model.config.{field}"
 
 
+def test_gpt2_with_cross_attention_is_a_config_error() -> None:
+    """GPT-2 as an encoder-decoder's decoder (``add_cross_attention``) has cross-attention
+    layers the estimate does not describe: an error naming the field, not an estimate
+    that leaves them out."""
+    config = {**load_preset("gpt2"), "add_cross_attention": True}
+    with pytest.raises(ModelConfigError) as raised:
+        make_plan("auto", gpu="A100-80GB", model={"config": config}, workload={"seq_len": 64})
+    assert raised.value.field == "model.config.add_cross_attention"
+
+
 def test_a_valid_sliding_window_is_estimated() -> None:
     config = {**load_preset("llama-3.2-1b"), "sliding_window": 32}
     plan = make_plan("auto", gpu="A100-80GB", model={"config": config}, workload={"seq_len": 64})

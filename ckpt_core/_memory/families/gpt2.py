@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ckpt_core._errors import ModelConfigError
 from ckpt_core._memory.arch import Arch, BlockKind, read_activation, read_int
 from ckpt_core._memory.attention import attention_core, mask_kind
 from ckpt_core._memory.costs import (
@@ -36,6 +37,13 @@ from ckpt_core._memory.param_layout import Linear, ParamLayout, embedding_parame
 
 
 def _read_arch(config: Any, model_type: str) -> Arch:
+    if getattr(config, "add_cross_attention", False):
+        # GPT-2 as an encoder-decoder's decoder: cross-attention layers, and an encoder.
+        raise ModelConfigError(
+            "GPT-2 with add_cross_attention (the decoder of an encoder-decoder model) is not "
+            "described by the memory model",
+            field="model.config.add_cross_attention",
+        )
     hidden = read_int(config, "n_embd", "hidden_size")
     heads = read_int(config, "n_head", "num_attention_heads")
     reorder = bool(getattr(config, "reorder_and_upcast_attn", False))
