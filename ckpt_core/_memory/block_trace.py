@@ -101,15 +101,17 @@ def fp32_scaled_norm(
     return out
 
 
-def rope(sim: Sim, x: int, size: int, *, concat: bool = False, wide: int = 0) -> int:
+def rope(sim: Sim, x: int, size: int, *, concat: bool = False, wide: int = 0, part: int = 0) -> int:
     """apply_rotary_pos_emb: `(q * cos) + (rotate_half(q) * sin)` on ``x`` of ``size``
-    bytes; ``wide``: the products' bytes when fp32 cos / sin promote them (OLMo-2,
-    whose caller casts the result back); ``concat``: then `torch.cat([rotated,
-    q_pass])` (`Arch.rope_concat`), whose input dies at once."""
-    product, promoted = wide or size, bool(wide)
+    bytes, or on its leading slice of ``part`` bytes (`Arch.rotary_dim`: a view);
+    ``wide``: the products' bytes when fp32 cos / sin promote them (OLMo-2, whose caller
+    casts the result back); ``concat``: then `torch.cat([rotated, q_pass])`
+    (`Arch.rope_concat`), whose input dies at once."""
+    part = part or size
+    product, promoted = wide or part, bool(wide)
     cos = sim.op([x], product, saves_other=True, cast=promoted)  # MulBackward0 saves cos
-    neg = sim.op([x], size // 2)
-    rotated = sim.op([neg, x], size, alias=True)
+    neg = sim.op([x], part // 2)
+    rotated = sim.op([neg, x], part, alias=True)
     sim.drop(neg)
     sin = sim.op([rotated], product, saves_other=True, cast=promoted)
     sim.drop(rotated)
@@ -282,8 +284,18 @@ def attention(
         value = linear(sim, x, "self_attn.v_proj", (h, kv), recipe)
     query_r, key_r = query, key
     if rotary:
-        query_r = rope(sim, query, act * tokens * q, concat=arch.rope_concat)
-        key_r = rope(sim, key, act * tokens * kv, concat=arch.rope_concat)
+        # With a cat after it (Phi's, StableLM's), RoPE rotates a slice of each head.
+        rotated = arch.rotary_dim if arch.rope_concat and arch.rotary_dim else arch.head_dim
+        query_r, key_r = (
+            rope(
+                sim,
+                states,
+                act * tokens * heads * arch.head_dim,
+                concat=arch.rope_concat,
+                part=act * tokens * heads * rotated,
+            )
+            for states, heads in ((query, arch.heads), (key, arch.kv_heads))
+        )
         sim.drop(query, key)
     if arch.qk_norm_after_rope:  # HunYuanDenseV1Attention: query_layernorm(rotated q)
         query_r = _head_normed(sim, query_r, arch.heads, arch, recipe)

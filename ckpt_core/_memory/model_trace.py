@@ -94,10 +94,13 @@ def embedding(sim: Sim, arch: Arch, recipe: TraceRecipe) -> int:
     return sim.op([], size, param_grad=weight, shared_weight=arch.tied)
 
 
-def llama_prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) -> Inputs:
+def llama_prepare(
+    sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int, *, lookup_local: bool = True
+) -> Inputs:
     """LlamaModel.forward: the embeddings, the masks the layers read (`layer_masks`), the
-    embeddings' dropout (StarCoder2's, Phi's: the lookup stays a local of the forward, or
-    the adapters' leaf), then RoPE."""
+    embeddings' dropout, then RoPE.  With dropout the lookup is the adapters' leaf, or
+    a local of the forward (StarCoder2's ``inputs_embeds``; ``lookup_local`` False: the
+    dropout's rebinding frees it, Phi's)."""
     hidden, leaf = embedding(sim, arch, recipe), None
     if arch.scalar_multipliers:  # GraniteModel: `inputs_embeds * self.embedding_multiplier`
         lookup = hidden
@@ -112,10 +115,12 @@ def llama_prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) -> 
         lookup = hidden
         size = recipe.residual * tokens * arch.hidden
         hidden = dropout(sim, lookup, size, tokens * arch.hidden, arch.embed_dropout)
-        if recipe.full:
+        if not recipe.full:
+            leaf = lookup
+        elif lookup_local:
             unread += (lookup,)
         else:
-            leaf = lookup
+            sim.drop(lookup)
     if workspace:  # the rotary embedding's `inv_freq @ position_ids`: the first cuBLAS call
         sim.new(workspace)
     return Inputs(hidden, full, held, forward_held, sliding_mask=sliding, leaf=leaf, unread=unread)
