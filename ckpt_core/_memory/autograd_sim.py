@@ -269,7 +269,7 @@ class Sim:
             self._pack()
         held = [self.new(size) for size in temps]
         result = self.new(out, grad)
-        extra = [self.new(size) for size in saved_outputs]
+        extra = [self.new(size) for size in saved_outputs] if saved_outputs else None
         if matmul and self.forward_workspace and not self._recomputing:
             # cuBLAS asks for the thread's workspace once the output is allocated; kept.
             self.new(self.forward_workspace)
@@ -279,9 +279,10 @@ class Sim:
             saved = (*kept, result) if save_out else kept
             if save_out:
                 self.tensors[result].refs += 1
-            for tid in extra:
-                self.tensors[tid].refs += 1
-            saved = (*saved, *extra)
+            if extra:
+                for tid in extra:
+                    self.tensors[tid].refs += 1
+                saved = (*saved, *extra)
             self.graph.append(
                 _Op(
                     tuple(inputs),
@@ -299,7 +300,8 @@ class Sim:
                     releases,
                 )
             )
-        self.drop(*extra)  # no Python name holds them
+        if extra:
+            self.drop(*extra)  # no Python name holds them
         if grad and (save_out or extra):
             self._pack()
         return result
