@@ -75,6 +75,7 @@ from ckpt_core._memory.param_layout import (
     embedding_parameters,
 )
 from ckpt_core._memory.phi_trace import PHI
+from ckpt_core._memory.stablelm_trace import STABLELM
 
 # --- parameters -------------------------------------------------------------------
 
@@ -312,6 +313,7 @@ _TRACES: dict[str, TraceModel] = {
     "cohere2": COHERE,
     "starcoder2": LAYER_NORMED,
     "phi": PHI,
+    "stablelm": STABLELM,
 }
 
 
@@ -319,22 +321,18 @@ def _trace(arch: Arch) -> TraceModel:
     """Gemma 2's, Gemma 3's, OLMo-2's, EXAONE 4's, GLM-4's and GLM's layers (sandwich or
     post-norms, q / k norms, sliding masks, logit softcapping, fp32 or partial RoPE)
     are replayed as their own (OLMo-3 runs OLMo-2's, its sliding layers reading their
-    mask), StarCoder2's as Llama's with LayerNorms, Phi's parallel one; every other
-    decoder as Llama's block at its sizes."""
+    mask), StarCoder2's as Llama's with LayerNorms, Phi's and StableLM's as their own;
+    every other decoder as Llama's block at its sizes."""
     return _TRACES.get(arch.model_type, LLAMA)
 
 
 def _replayed_exactly(arch: Arch) -> bool:
-    """Every dense decoder but MLA's, those with LayerNorms replayed as Llama's block at
-    their sizes (StableLM) and Command R's with q / k norms (its layer without
+    """Every dense decoder but MLA's and Command R's with q / k norms (its layer without
     them).  MoE models take the closed form's allocated peak and the
     pool of a replay that runs their experts (`ckpt_core._memory.moe_trace`) in Llama's
     block: gpt-oss's, GLM-4.5's and DeepSeek's routers at the top-k softmax's sizes."""
     return (
-        not arch.is_moe
-        and not arch.kv_lora_rank
-        and not (arch.norm == "layer" and _trace(arch) is LLAMA)
-        and not (arch.norm == "cohere" and arch.qk_norm)
+        not arch.is_moe and not arch.kv_lora_rank and not (arch.norm == "cohere" and arch.qk_norm)
     )
 
 
