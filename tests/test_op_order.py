@@ -21,6 +21,7 @@ from tests._model_configs import (
     GLM,
     GLM4,
     GPT_NEOX,
+    GPT_NEOX_SEQUENTIAL,
     GRANITE,
     HUNYUAN,
     MINISTRAL,
@@ -94,6 +95,17 @@ QWEN2_SLIDING = (("use_sliding_window", True), ("sliding_window", 512), ("max_wi
         Case("llama-3.2-1b", "lora", "bf16", "sdpa", "selective", 2, 1024, overrides=STABLELM),
         Case("llama-3.2-1b", "full", "bf16", "eager", "medium", 2, 1024, overrides=STABLELM),
         Case("llama-3.2-1b", "full", "bf16", "sdpa", "off", 2, 1024, overrides=STABLELM_PARALLEL),
+        Case("llama-3.2-1b", "lora", "bf16", "sdpa", "medium", 2, 1024, overrides=GPT_NEOX),
+        Case(
+            "llama-3.2-1b",
+            "full",
+            "bf16",
+            "eager",
+            "selective",
+            2,
+            1024,
+            overrides=GPT_NEOX_SEQUENTIAL,
+        ),
     ],
     ids=lambda case: (
         f"{case.preset}-{case.method}-{case.attention}-{case.tier}-s{case.seq}"
@@ -130,7 +142,8 @@ def test_the_replay_allocates_what_the_real_op_order_does(case: Case) -> None:
     closed form was 0.73% low here); GPT-2's ``reorder_and_upcast_attn`` (eager scores from
     fp32 copies of q and k, softmax in fp32: 7.5% low when ignored); Phi's parallel layer
     (one LayerNorm read by both branches, each dropped out) with RoPE on half of each
-    head; StableLM's layer, sequential or parallel, RoPE on a quarter of each head."""
+    head; StableLM's layer, sequential or parallel, RoPE on a quarter of each head;
+    GPT-NeoX's, parallel or sequential, its q / k / v views of one fused projection."""
     allocated, reserved, workspace = estimate(case)
     real_allocated, real_reserved = replay(with_workspaces(record(case), workspace))
     assert allocated == pytest.approx(real_allocated, rel=0.002)
@@ -141,20 +154,17 @@ def test_the_replay_allocates_what_the_real_op_order_does(case: Case) -> None:
     ("overrides", "method", "tier"),
     [
         (COHERE, "lora", "full"),  # its pool's furthest from the real order's
-        (GPT_NEOX, "full", "full"),  # GPT-NeoX's
         (OPT, "full", "off"),  # OPT's
     ],
     ids=[
         "cohere-full",
-        "gpt_neox-full",
         "opt-off",
     ],
 )
 def test_a_model_replayed_as_llamas_block_stays_within_its_band(
     overrides: tuple[tuple[str, Any], ...], method: str, tier: str
 ) -> None:
-    """GPT-NeoX (its parallel layer and fused q / k / v) and OPT
-    (learned positions, a ReLU MLP) are replayed as Llama's block at their sizes, and
+    """OPT (learned positions, a ReLU MLP) is replayed as Llama's block at its sizes, and
     Command R with per-head q / k norms as its own layer without them: their allocated
     peak comes from the closed form, equal to the real order's within 0.2%; their pool
     may miss by more than a replayed model's, within the band their verdicts get
@@ -178,14 +188,15 @@ def test_a_model_replayed_as_llamas_block_stays_within_its_band(
         {"config": {**load_preset("llama-3.2-1b"), **dict(SEED_OSS)}},
         {"config": {**load_preset("llama-3.2-1b"), **dict(PHI)}},
         {"config": {**load_preset("llama-3.2-1b"), **dict(STABLELM_PARALLEL)}},
+        {"config": {**load_preset("llama-3.2-1b"), **dict(GPT_NEOX)}},
     ],
-    ids=["gpt2", "starcoder2", "seed_oss", "phi", "stablelm"],
+    ids=["gpt2", "starcoder2", "seed_oss", "phi", "stablelm", "gpt_neox"],
 )
 def test_models_replayed_as_themselves_take_their_band(
     model: dict[str, Any], attention: str
 ) -> None:
-    """GPT-2, StarCoder2, Seed-OSS, Phi and StableLM are replayed as themselves (the cases
-    above): their
+    """GPT-2, StarCoder2, Seed-OSS, Phi, StableLM and GPT-NeoX are replayed as themselves
+    (the cases above): their
     verdicts take the replayed models' error band, not the wider one of a stand-in."""
     workload = parse_workload({"seq_len": 1024, "attention": attention})
     run = prepare(model_facts(model), workload)

@@ -27,9 +27,11 @@ def attend(
     recipe: TraceRecipe,
     mask: int | None,
     held: list[int] | None,
+    output: str = "",
 ) -> int:
-    """The attention kernel on RoPE'd q / k and v, then o_proj.  Eager's weights go to
-    ``held`` when given (the layer's `_` keeps them), else die at once."""
+    """The attention kernel on RoPE'd q / k and v, then o_proj (``output``: its module
+    name when not ``self_attn.`` + `Arch.o_name`).  Eager's weights go to ``held`` when
+    given (the layer's `_` keeps them), else die at once."""
     if recipe.attention == "eager" and mask is not None:
         attn, weights = eager_attention(sim, query, key, value, arch=arch, recipe=recipe, mask=mask)
         if held is None:
@@ -38,9 +40,8 @@ def attend(
             held.append(weights)
     else:
         attn = fused_attention(sim, query, key, value, arch=arch, recipe=recipe, mask=mask)
-    out = linear(
-        sim, attn, f"self_attn.{arch.o_name}", (arch.heads * arch.head_dim, arch.hidden), recipe
-    )
+    name = output or f"self_attn.{arch.o_name}"
+    out = linear(sim, attn, name, (arch.heads * arch.head_dim, arch.hidden), recipe)
     sim.drop(attn)
     return out
 

@@ -285,7 +285,7 @@ def attention(
     query_r, key_r = query, key
     if rotary:
         # With a cat after it (Phi's, StableLM's), RoPE rotates a slice of each head.
-        rotated = arch.rotary_dim if arch.rope_concat and arch.rotary_dim else arch.head_dim
+        rotated = arch.rope_dim if arch.rope_concat else arch.head_dim
         query_r, key_r = (
             rope(
                 sim,

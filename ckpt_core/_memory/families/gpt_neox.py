@@ -28,6 +28,7 @@ from ckpt_core._memory.families.common import (
 )
 from ckpt_core._memory.families.decoder_config import read_rotary_dim
 from ckpt_core._memory.family import Family, single_stack, uniform_blocks
+from ckpt_core._memory.gpt_neox_trace import DENSE, GPT_NEOX, MLP, MLP_NAMES, QKV
 from ckpt_core._memory.ledger import (
     GLOBAL,
     BlockMode,
@@ -38,10 +39,6 @@ from ckpt_core._memory.ledger import (
     norm,
 )
 from ckpt_core._memory.param_layout import Linear, ParamLayout, embedding_parameters
-
-QKV = "attention.query_key_value"
-DENSE = "attention.dense"
-MLP = ("mlp.dense_h_to_4h", "mlp.dense_4h_to_h")
 
 
 def _read_arch(config: Any, model_type: str) -> Arch:
@@ -74,6 +71,7 @@ def _read_arch(config: Any, model_type: str) -> Arch:
         hidden_dropout=dropout,
         embed_dropout=dropout,
         parallel_attn=bool(getattr(config, "use_parallel_residual", True)),
+        mlp_names=MLP_NAMES,
     )
 
 
@@ -139,4 +137,6 @@ FAMILY = Family(
     block_ledger=_block,
     block_flops=dense_block_flops,
     head_flops=lm_head_flops,
+    trace=lambda arch: GPT_NEOX,
+    replayed_exactly=lambda arch: True,
 )
