@@ -41,11 +41,9 @@ from ckpt_core._memory.ledger import (
     linear,
     norm,
 )
+from ckpt_core._memory.opt_trace import ATTENTION, MLP, OPT, POSITION_OFFSET
 from ckpt_core._memory.param_layout import Linear, ParamLayout, embedding_parameters
 
-ATTENTION = tuple(f"self_attn.{name}" for name in ("k_proj", "v_proj", "q_proj", "out_proj"))
-MLP = ("fc1", "fc2")
-POSITION_OFFSET = 2  # OPTLearnedPositionalEmbedding's extra rows
 # (config key, the layout it gives, the value every OPT checkpoint but these has)
 _UNMODELLED = (
     ("do_layer_norm_before", "its LayerNorms after the residual adds (OPT-350m)", True),
@@ -163,4 +161,6 @@ FAMILY = Family(
     block_ledger=_block,
     block_flops=dense_block_flops,
     head_flops=lm_head_flops,
+    trace=lambda arch: OPT,
+    replayed_exactly=lambda arch: True,
 )
