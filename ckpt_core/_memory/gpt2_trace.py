@@ -14,7 +14,13 @@ from ckpt_core._memory.autograd_sim import Sim
 from ckpt_core._memory.block_trace import mlp
 from ckpt_core._memory.fused_trace import dropout, layer_norm
 from ckpt_core._memory.linear_trace import TraceRecipe, linear
-from ckpt_core._memory.model_trace import Inputs, TraceModel, embedding, layer_masks
+from ckpt_core._memory.model_trace import (
+    Inputs,
+    TraceModel,
+    embedding,
+    layer_masks,
+    lookup_inputs,
+)
 
 __all__ = ["GPT2", "parameters"]
 
@@ -47,21 +53,13 @@ def _prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) -> Input
     looked_up = recipe.residual * seq * h
     positions = sim.op([], looked_up, param_grad=table) if recipe.full else sim.new(looked_up)
     summed = sim.op([embeds, positions], size, alias=True)
-    full, _, held, forward_held, _ = layer_masks(sim, arch, recipe)
+    masks = layer_masks(sim, arch, recipe)
     hidden = dropout(sim, summed, size, tokens * h, arch.embed_dropout)
     if hidden != summed:
         sim.drop(summed)
     # The first matmul is block 0's c_attn.
     sim.forward_workspace = workspace
-    locals_ = (positions,) if not recipe.full else (embeds, positions)
-    return Inputs(
-        hidden,
-        full,
-        held,
-        (*forward_held, ids),
-        leaf=None if recipe.full else embeds,
-        unread=locals_,
-    )
+    return lookup_inputs(hidden, embeds, recipe, masks=masks, ids=ids, forward_locals=(positions,))
 
 
 def _attention(

@@ -126,6 +126,32 @@ def llama_prepare(
     return Inputs(hidden, full, held, forward_held, sliding_mask=sliding, leaf=leaf, unread=unread)
 
 
+def lookup_inputs(
+    hidden: int,
+    embeds: int,
+    recipe: TraceRecipe,
+    *,
+    masks: tuple[int | None, int | None, tuple[int, ...], tuple[int, ...], tuple[int, ...]],
+    ids: int,
+    forward_locals: tuple[int, ...] = (),
+    step_held: tuple[int, ...] = (),
+) -> Inputs:
+    """The `Inputs` of a model whose first block reads its token lookup plus learned
+    positions (GPT-2's, OPT's; ``masks`` as `layer_masks` returns them): the token lookup
+    ``embeds`` is the adapters' leaf, else a local of the forward like
+    ``forward_locals``; the position ``ids`` reach every layer; ``step_held``: what the
+    backward still reads."""
+    full, _, held, forward_held, _ = masks
+    return Inputs(
+        hidden,
+        full,
+        (*held, *step_held),
+        (*forward_held, ids),
+        leaf=None if recipe.full else embeds,
+        unread=forward_locals if not recipe.full else (embeds, *forward_locals),
+    )
+
+
 def layer_masks(
     sim: Sim, arch: Arch, recipe: TraceRecipe
 ) -> tuple[int | None, int | None, tuple[int, ...], tuple[int, ...], tuple[int, ...]]:

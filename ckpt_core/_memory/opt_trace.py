@@ -18,7 +18,13 @@ from ckpt_core._memory.attention_trace import attend
 from ckpt_core._memory.autograd_sim import Sim
 from ckpt_core._memory.fused_trace import dropout, layer_norm
 from ckpt_core._memory.linear_trace import TraceRecipe, linear
-from ckpt_core._memory.model_trace import Inputs, TraceModel, embedding, layer_masks
+from ckpt_core._memory.model_trace import (
+    Inputs,
+    TraceModel,
+    embedding,
+    layer_masks,
+    lookup_inputs,
+)
 from ckpt_core._memory.pointwise_trace import scaled
 
 __all__ = ["ATTENTION", "MLP", "OPT", "POSITION_OFFSET"]
@@ -50,7 +56,7 @@ def _prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) -> Input
     sim.drop(product)
     ids = sim.new(8 * tokens)  # `.long()`
     sim.drop(shifted)
-    full, _, held, forward_held, _ = layer_masks(sim, arch, recipe)
+    masks = layer_masks(sim, arch, recipe)
     offset = sim.new(8 * tokens)  # `position_ids + self.offset`
     size = recipe.residual * tokens * h
     table = recipe.weights * (arch.positions + POSITION_OFFSET) * h
@@ -61,14 +67,14 @@ def _prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) -> Input
     if workspace:  # the first matmul is layer 0's q_proj
         sim.forward_workspace = workspace
     # A trained positions' lookup keeps its offset ids for the backward.
-    locals_ = (positions, ones) if not recipe.full else (embeds, positions, ones)
-    return Inputs(
+    return lookup_inputs(
         hidden,
-        full,
-        (*held, offset) if recipe.full else held,
-        (*forward_held, ids),
-        leaf=None if recipe.full else embeds,
-        unread=locals_,
+        embeds,
+        recipe,
+        masks=masks,
+        ids=ids,
+        forward_locals=(positions, ones),
+        step_held=(offset,) if recipe.full else (),
     )
 
 
