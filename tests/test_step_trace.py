@@ -216,6 +216,43 @@ def test_an_attribute_held_input_outlives_checkpointing() -> None:
         assert sim.allocator.allocated == 0  # everything freed, the held input too
 
 
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_a_dropout_keeps_its_mask_until_its_backward(checkpointed: bool) -> None:
+    """CUDA's fused dropout allocates its output, then a bool mask that only its backward
+    reads (`Sim.op`'s ``saved_outputs``).  A checkpointed region ending in one stops its
+    recompute at that mask, after its output: the output goes with the early stop, and
+    nothing is freed twice or left behind.  Sizes in MiB tell the order."""
+    from ckpt_core._memory.allocator import CachingAllocator
+    from ckpt_core._memory.autograd_sim import Sim
+    from ckpt_core._memory.fused_trace import dropout
+
+    sizes: list[int] = []
+
+    class Logged(CachingAllocator):
+        def malloc(self, size: int) -> tuple[int, int]:
+            sizes.append(size // MIB)
+            return super().malloc(size)
+
+    def region(s: Sim, t: int) -> int:
+        return dropout(s, t, 8 * MIB, 2 * MIB, 0.1)
+
+    sim = Sim(allocator=Logged())
+    x = sim.new(4 * MIB, grad=True)
+    out = sim.checkpoint(region, x) if checkpointed else region(sim, x)
+    assert sizes == [4, 8, 2]  # the output, then its mask
+    kept = 4 + 8 + (0 if checkpointed else 2)  # a checkpoint keeps no mask
+    assert sim.allocator.allocated == kept * MIB
+    sim.drop(x)
+    loss = sim.op([out], 512)
+    sim.drop(out)
+    sim.backward(loss)
+    sim.drop(loss)
+    # The loss and its gradient (under 1 MiB), the output's gradient, then (checkpointed)
+    # the recompute's output and mask, then the input's gradient.
+    assert sizes[3:] == ([0, 0, 8, 8, 2, 4] if checkpointed else [0, 0, 8, 4])
+    assert sim.allocator.allocated == 0
+
+
 @pytest.mark.parametrize("kbit_preparation", ["peft", "none"])
 def test_the_closed_form_keeps_what_int8_linears_hold_as_the_replay_does(
     kbit_preparation: str,
