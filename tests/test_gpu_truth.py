@@ -145,15 +145,20 @@ def test_a_named_models_published_config_fills_what_a_row_does_not_carry(
 ) -> None:
     """Phi-2's published config rotates 40% of each head and drops out each branch, away
     from PhiConfig's defaults (half, no dropout), which Phi-1.5's keeps: a Phi-2 row is
-    estimated with them."""
+    estimated with them (without checkpointing, where every block keeps its dropout
+    masks; at the full tier this row's peak is the loss's, which they do not reach)."""
     phi_2, phi_1_5 = (
-        {**rows[0], "model_config": {**rows[0]["model_config"], "name": name}}
+        {
+            **rows[0],
+            "model_config": {**rows[0]["model_config"], "name": name},
+            "run": {**rows[0]["run"], "grad_checkpoint": False},
+        }
         for name in ("microsoft/phi-2", "microsoft/phi-1_5")
     )
     config = model_input(phi_2)["config"]
     assert (config["partial_rotary_factor"], config["resid_pdrop"]) == (0.4, 0.1)
     assert "resid_pdrop" not in model_input(phi_1_5)["config"]
-    assert estimate_row(phi_2)["allocated_bytes"] != estimate_row(phi_1_5)["allocated_bytes"]
+    assert estimate_row(phi_2)["allocated_bytes"] > estimate_row(phi_1_5)["allocated_bytes"]
 
 
 def test_an_opt_rows_mlp_width_and_positions_are_opts(rows: list[dict]) -> None:
