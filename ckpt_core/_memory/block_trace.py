@@ -22,7 +22,7 @@ from collections.abc import Callable
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.attention_trace import attend
 from ckpt_core._memory.autograd_sim import Sim
-from ckpt_core._memory.fused_trace import dropout
+from ckpt_core._memory.fused_trace import dropout, dropped_out
 from ckpt_core._memory.linear_trace import TraceRecipe, linear
 from ckpt_core._memory.pointwise_trace import gelu_new
 
@@ -241,13 +241,7 @@ def _branch_dropout(sim: Sim, x: int, *, arch: Arch, recipe: TraceRecipe) -> int
     output (`Arch.dropout_in_attention`): the rebinding frees the output."""
     if not arch.dropout_in_attention:
         return x
-    tokens = recipe.batch * recipe.seq
-    out = dropout(
-        sim, x, recipe.act * tokens * arch.hidden, tokens * arch.hidden, arch.hidden_dropout
-    )
-    if out != x:
-        sim.drop(x)
-    return out
+    return dropped_out(sim, x, recipe, arch.hidden, arch.hidden_dropout)
 
 
 def attention(

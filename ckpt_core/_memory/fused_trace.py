@@ -11,7 +11,7 @@ from __future__ import annotations
 from ckpt_core._memory.autograd_sim import Sim
 from ckpt_core._memory.linear_trace import TraceRecipe
 
-__all__ = ["dropout", "layer_norm"]
+__all__ = ["dropout", "dropped_out", "layer_norm"]
 
 
 def layer_norm(
@@ -31,3 +31,15 @@ def dropout(sim: Sim, x: int, size: int, elements: int, p: float) -> int:
     if not p:
         return x
     return sim.op([x], size, saved_outputs=(elements,))
+
+
+def dropped_out(
+    sim: Sim, x: int, recipe: TraceRecipe, width: int, p: float, *, dtype: int | None = None
+) -> int:
+    """``x = dropout(x, p)`` on a (tokens, ``width``) activation of ``dtype`` bytes per
+    element (the activations' unless given): the rebinding frees ``x``."""
+    elements = recipe.batch * recipe.seq * width
+    out = dropout(sim, x, (dtype or recipe.act) * elements, elements, p)
+    if out != x:
+        sim.drop(x)
+    return out

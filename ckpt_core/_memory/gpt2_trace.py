@@ -12,7 +12,7 @@ from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.attention_trace import fused_attention
 from ckpt_core._memory.autograd_sim import Sim
 from ckpt_core._memory.block_trace import mlp
-from ckpt_core._memory.fused_trace import dropout, layer_norm
+from ckpt_core._memory.fused_trace import dropout, dropped_out, layer_norm
 from ckpt_core._memory.linear_trace import TraceRecipe, linear
 from ckpt_core._memory.model_trace import (
     Inputs,
@@ -54,9 +54,7 @@ def _prepare(sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int) -> Input
     positions = sim.op([], looked_up, param_grad=table) if recipe.full else sim.new(looked_up)
     summed = sim.op([embeds, positions], size, alias=True)
     masks = layer_masks(sim, arch, recipe)
-    hidden = dropout(sim, summed, size, tokens * h, arch.embed_dropout)
-    if hidden != summed:
-        sim.drop(summed)
+    hidden = dropped_out(sim, summed, recipe, h, arch.embed_dropout, dtype=recipe.residual)
     # The first matmul is block 0's c_attn.
     sim.forward_workspace = workspace
     return lookup_inputs(hidden, embeds, recipe, masks=masks, ids=ids, forward_locals=(positions,))
@@ -89,9 +87,7 @@ def _attention(
         )
     projected = linear(sim, attn, _ATTENTION[1], (h, h), recipe)
     sim.drop(attn)
-    out = dropout(sim, projected, act * tokens * h, tokens * h, arch.hidden_dropout)
-    if out != projected:
-        sim.drop(projected)
+    out = dropped_out(sim, projected, recipe, h, arch.hidden_dropout)
     sim.drop(query, key, value)
     if held is None:
         sim.drop(*held_weights)
@@ -203,9 +199,7 @@ def _block(
     sim.drop(normed)
     normed = layer_norm(sim, mid, tokens, h, recipe)
     down = mlp(sim, normed, arch=arch, recipe=recipe)
-    branch = dropout(sim, down, recipe.act * tokens * h, tokens * h, arch.hidden_dropout)
-    if branch != down:
-        sim.drop(down)
+    branch = dropped_out(sim, down, recipe, h, arch.hidden_dropout)
     out = sim.op([mid, branch], size, alias=True)
     sim.drop(normed, mid, attn, branch, *weights)
     return out

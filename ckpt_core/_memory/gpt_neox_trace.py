@@ -16,7 +16,7 @@ from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.attention_trace import attend
 from ckpt_core._memory.autograd_sim import Sim
 from ckpt_core._memory.block_trace import mlp, rope
-from ckpt_core._memory.fused_trace import dropout, layer_norm
+from ckpt_core._memory.fused_trace import dropped_out, layer_norm
 from ckpt_core._memory.linear_trace import TraceRecipe, linear
 from ckpt_core._memory.model_trace import Inputs, TraceModel, llama_prepare
 
@@ -74,7 +74,7 @@ def _layer(
     normed temporary, its dropout, then the MLP beside it or after it; the branches'
     outputs are locals to the return."""
     tokens, h = recipe.batch * recipe.seq, arch.hidden
-    size, branch, elements = recipe.residual * tokens * h, recipe.act * tokens * h, tokens * h
+    size = recipe.residual * tokens * h
     mask = inputs.layer_mask(arch, index)
     weights: list[int] = []  # `attn_output, _ = self.attention(...)`
     normed = layer_norm(sim, x, tokens, h, recipe)
@@ -84,9 +84,7 @@ def _layer(
 
     attn = sim.checkpoint(attention, normed) if selective else attention(sim, normed, weights)
     sim.drop(normed)  # the argument's temporary
-    attn_out = dropout(sim, attn, branch, elements, arch.hidden_dropout)
-    if attn_out != attn:
-        sim.drop(attn)
+    attn_out = dropped_out(sim, attn, recipe, h, arch.hidden_dropout)
     if arch.parallel_attn:
         mlp_in, residual = layer_norm(sim, x, tokens, h, recipe), x
     else:  # `attn_output = attn_output + hidden_states`
@@ -96,9 +94,7 @@ def _layer(
         mlp_in = layer_norm(sim, residual, tokens, h, recipe)
     down = mlp(sim, mlp_in, arch=arch, recipe=recipe)
     sim.drop(mlp_in)
-    mlp_out = dropout(sim, down, branch, elements, arch.hidden_dropout)
-    if mlp_out != down:
-        sim.drop(down)
+    mlp_out = dropped_out(sim, down, recipe, h, arch.hidden_dropout)
     if arch.parallel_attn:  # `mlp_output + attn_output + hidden_states`
         partial = sim.op([mlp_out, attn_out], size, alias=True)
         out = sim.op([partial, x], size, alias=True)

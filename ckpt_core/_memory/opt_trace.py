@@ -16,7 +16,7 @@ from __future__ import annotations
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.attention_trace import attend
 from ckpt_core._memory.autograd_sim import Sim
-from ckpt_core._memory.fused_trace import dropout, layer_norm
+from ckpt_core._memory.fused_trace import dropped_out, layer_norm
 from ckpt_core._memory.linear_trace import TraceRecipe, linear
 from ckpt_core._memory.model_trace import (
     Inputs,
@@ -115,7 +115,7 @@ def _layer(
     alone when ``selective``."""
     del index  # every OPT layer reads the one causal mask
     tokens, act, h = recipe.batch * recipe.seq, recipe.act, arch.hidden
-    size, branch, elements = recipe.residual * tokens * h, act * tokens * h, tokens * h
+    size = recipe.residual * tokens * h
     weights: list[int] = []  # `hidden_states, _ = self.self_attn(...)`
     normed = layer_norm(sim, x, tokens, h, recipe)
 
@@ -124,9 +124,7 @@ def _layer(
 
     attn = sim.checkpoint(attention, normed) if selective else attention(sim, normed, weights)
     sim.drop(normed)
-    dropped = dropout(sim, attn, branch, elements, arch.hidden_dropout)
-    if dropped != attn:
-        sim.drop(attn)
+    dropped = dropped_out(sim, attn, recipe, h, arch.hidden_dropout)
     mid = sim.op([x, dropped], size, alias=True)
     sim.drop(dropped)
     normed = layer_norm(sim, mid, tokens, h, recipe)
@@ -139,9 +137,7 @@ def _layer(
     sim.drop(up)
     down = linear(sim, activated, MLP[1], (arch.intermediate, h), recipe)
     sim.drop(activated)
-    dropped = dropout(sim, down, branch, elements, arch.hidden_dropout)
-    if dropped != down:
-        sim.drop(down)
+    dropped = dropped_out(sim, down, recipe, h, arch.hidden_dropout)
     out = sim.op([mid, dropped], size, alias=True)
     sim.drop(dropped, mid, *weights)
     return out

@@ -16,7 +16,7 @@ import functools
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.autograd_sim import Sim
 from ckpt_core._memory.block_trace import attention, mlp
-from ckpt_core._memory.fused_trace import dropout, layer_norm
+from ckpt_core._memory.fused_trace import dropped_out, layer_norm
 from ckpt_core._memory.linear_trace import TraceRecipe
 from ckpt_core._memory.model_trace import Inputs, TraceModel, llama_prepare
 
@@ -45,14 +45,9 @@ def _phi_layer(
         return attention(s, y, arch=arch, recipe=recipe, mask=mask, held=held)
 
     attn = sim.checkpoint(self_attn, normed) if selective else self_attn(sim, normed, weights)
-    branch, elements = recipe.act * tokens * h, tokens * h
-    attn_out = dropout(sim, attn, branch, elements, arch.hidden_dropout)
-    if attn_out != attn:
-        sim.drop(attn)
+    attn_out = dropped_out(sim, attn, recipe, h, arch.hidden_dropout)
     feed_forward = mlp(sim, normed, arch=arch, recipe=recipe)
-    ff_out = dropout(sim, feed_forward, branch, elements, arch.hidden_dropout)
-    if ff_out != feed_forward:
-        sim.drop(feed_forward)
+    ff_out = dropped_out(sim, feed_forward, recipe, h, arch.hidden_dropout)
     size = recipe.residual * tokens * h
     branches = sim.op([attn_out, ff_out], size, alias=True)
     out = sim.op([branches, x], size, alias=True)
