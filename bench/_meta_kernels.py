@@ -49,10 +49,10 @@ def kernel_buffers_before(func: Any, args: Any, kwargs: Any, events: list[Event]
     return [cast]
 
 
-def kernel_buffers_after(func: Any, args: Any, events: list[Event], *, eager: bool) -> None:
+def kernel_buffers_after(func: Any, args: Any, events: list[Event]) -> None:
     """Log the buffers ``func`` makes and frees after its output: bitsandbytes'
-    ``int8_vectorwise_quant`` marks outliers (``A.abs() >= threshold``); CUDA's eager
-    softmax backward holds an fp32 ``grad * output`` temporary."""
+    ``int8_vectorwise_quant`` marks outliers (``A.abs() >= threshold``); CUDA's softmax
+    backward holds a ``grad * output`` temporary (``softmax_backward_cuda_out``)."""
     name = str(func)
     if name == "bitsandbytes.int8_vectorwise_quant.default":
         rows = args[0].numel()
@@ -61,7 +61,7 @@ def kernel_buffers_after(func: Any, args: Any, events: list[Event], *, eager: bo
         events.append(("malloc", outliers, rows, ""))
         events.append(("free", magnitude, 0, ""))
         events.append(("free", outliers, 0, ""))
-    elif eager and name == "aten._softmax_backward_data.default":
+    elif name == "aten._softmax_backward_data.default":
         temporary = ("softmax", len(events))
         events.append(("malloc", temporary, args[0].nbytes, ""))
         events.append(("free", temporary, 0, ""))

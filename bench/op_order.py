@@ -123,9 +123,9 @@ class Case:
 class _Log(TorchDispatchMode):
     """A dispatch mode that logs each new storage's malloc, and its free once unreferenced."""
 
-    def __init__(self, events: list[Event], known: dict[int, Any], eager: bool) -> None:
+    def __init__(self, events: list[Event], known: dict[int, Any]) -> None:
         super().__init__()
-        self.events, self.known, self.eager = events, known, eager
+        self.events, self.known = events, known
         self.live: dict[int, Any] = {}
 
     def poll(self) -> None:
@@ -149,7 +149,7 @@ class _Log(TorchDispatchMode):
                 self.live[key] = StorageWeakRef(storage)
                 events.append(("malloc", key, storage.nbytes(), str(func)))
         events.extend(("free", key, 0, "") for key in made)
-        kernel_buffers_after(func, args, events, eager=self.eager)
+        kernel_buffers_after(func, args, events)
         return out
 
 
@@ -277,7 +277,7 @@ def _record_steps(model: Any, case: Case, events: list[Event], known: dict[int, 
     if case.padded:
         inputs["attention_mask"] = torch.ones_like(ids)
         _register(inputs["attention_mask"], events, known)
-    log = _Log(events, known, eager=case.attention == "eager")
+    log = _Log(events, known)
     # On meta tensors, sdpa's fused kernel, CUDA's fused dropout (a bool mask) and aten's
     # grouped matmul for experts not in bf16 (QLoRA's fp32 ones) stand in for the CPU ones;
     # patched module-wide, since a checkpoint's recompute runs on autograd's thread,

@@ -235,6 +235,27 @@ def test_gpt2_upcast_attention_keeps_fp32_copies_of_q_and_k(batch: int) -> None:
     )
 
 
+@pytest.mark.parametrize("batch", [1, 2])
+def test_falcon_multi_query_sdpa_runs_the_math_kernel(batch: int) -> None:
+    """Falcon-7B hands sdpa its one key head without ``enable_gqa``: no fused CUDA kernel
+    takes that, so torch runs the math backend, which keeps fp32 copies of q, k and v
+    (k and v repeated to every head but with batch 1) and the fp32 softmax per layer.
+    The meta measurement runs that backend for such a call; the estimate equals it on
+    every tier (it counted a fused kernel: half the real order without checkpointing)."""
+    shape = {"seq_len": 512, "micro_batch_size": batch, "attention": "sdpa"}
+    run = run_for("falcon-7b", **shape)
+    model = meta_model("falcon-7b", "sdpa")
+    arch = run.facts.arch
+    for tier in TIERS:
+        measured = measure_activation_bytes(model, tier, **shape)
+        # to the byte but for 0-dim scalars the measurement sees (each layer's products
+        # keep their scale factors: doubles, on the host when the tensors are on CUDA)
+        estimated = activation_bytes(arch, run.step, tier)
+        assert estimated == pytest.approx(measured, abs=32 * arch.layers), tier
+    softmax = 4 * batch * arch.heads * 512 * 512
+    assert activation_bytes(arch, run.step, "off") > arch.layers * softmax
+
+
 def test_phi3_residual_dropout_keeps_a_mask_per_branch() -> None:
     """Phi-3 drops out each branch's output in the layer, outside self_attn: with
     ``resid_pdrop`` the masks are kept even by a selective block (they were missed)."""

@@ -106,6 +106,9 @@ class Arch:
     # GPT-2's reorder_and_upcast_attn: eager's scores are a baddbmm of fp32 copies of q and
     # k, which its backward keeps; the softmax runs in fp32.
     upcast_attention: bool = False
+    # Falcon's multi-query attention hands sdpa one key head without ``enable_gqa``: no
+    # fused kernel accepts that, so CUDA runs the math backend (fp32 scores, kept).
+    sdpa_math: bool = False
     final_softcap: bool = False
     # Layers that apply no RoPE (SmolLM3's every fourth, EXAONE 4's global ones).
     nope_layers: tuple[bool, ...] = ()

@@ -91,6 +91,8 @@ def attention_core(
     """
     if step.attention == "flash" and step.padded:
         return _unpadded_flash(led, arch, step)
+    if math_kernel(arch, step.attention):
+        return _math_attention(led, arch, step)
     q_name, k_name, v_name, v_bytes = qkv
     elem_bytes, tokens, batch, seq = step.dtype_bytes, step.tokens, step.batch, step.seq
     q, kv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
@@ -141,6 +143,34 @@ def attention_core(
         led.keep("attn.kernel_out", elem_bytes * tokens * q)
     else:  # fused kernels write (b, s, h, d): o_proj reads the output itself
         led.keep("attn.o_in", elem_bytes * tokens * out)
+    return "attn.o_in"
+
+
+def math_kernel(arch: Arch, attention: str) -> bool:
+    """Whether sdpa (``attention``: the kernel kind) runs torch's math backend
+    (`Arch.sdpa_math`) rather than a fused kernel."""
+    return attention == "fused" and arch.sdpa_math
+
+
+def _math_attention(led: Ledger, arch: Arch, step: Step) -> str:
+    """sdpa's math backend (``_scaled_dot_product_attention_math``): q, k and v are upcast
+    to fp32 (``allow_fp16_bf16_reduction_math_sdp`` is off by default); its matmuls keep
+    the scaled q, the scaled k^T and v, and the fp32 softmax (the mask is added in place).
+    k and v are repeated to every head by ``matmul``'s expand, a copy unless the batch is
+    1 (a stride-0 view).  The output is cast back to the dtype: o_proj's input, kept by
+    o_proj only when it is trained."""
+    tokens, q = step.tokens, arch.heads * arch.head_dim
+    scores = step.batch * arch.heads * step.seq * step.seq
+    kv_heads = arch.heads if step.batch > 1 else arch.kv_heads
+    led.keep("attn.q_fp32", 4 * tokens * q)
+    led.keep("attn.k_fp32", 4 * tokens * kv_heads * arch.head_dim)
+    led.keep("attn.v_fp32", 4 * tokens * kv_heads * arch.value_dim)
+    led.keep("attn.softmax", 4 * scores)
+    probs = dropout(
+        led, step, "attn.softmax", tag="attn.dropout", p=arch.attn_dropout, elements=scores
+    )
+    if probs != "attn.softmax":
+        led.keep(probs, 4 * scores)
     return "attn.o_in"
 
 

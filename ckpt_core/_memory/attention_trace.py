@@ -9,12 +9,13 @@ with a mask) and flash attention's unpadding of a padded batch.  Sizes in bytes.
 from __future__ import annotations
 
 from ckpt_core._memory.arch import Arch
+from ckpt_core._memory.attention import math_kernel
 from ckpt_core._memory.autograd_sim import Sim
 from ckpt_core._memory.fused_trace import dropout
 from ckpt_core._memory.linear_trace import TraceRecipe, linear
 from ckpt_core._memory.pointwise_trace import softcap
 
-__all__ = ["attend", "eager_attention", "fused_attention"]
+__all__ = ["attend", "eager_attention", "fused_attention", "math_attention"]
 
 
 def attend(
@@ -38,6 +39,8 @@ def attend(
             sim.drop(weights)
         else:
             held.append(weights)
+    elif math_kernel(arch, recipe.attention):
+        attn = math_attention(sim, query, key, value, arch=arch, recipe=recipe, mask=mask)
     else:
         attn = fused_attention(sim, query, key, value, arch=arch, recipe=recipe, mask=mask)
     name = output or f"self_attn.{arch.o_name}"
@@ -74,6 +77,62 @@ def fused_attention(
         sim.drop(attn)
         return flat
     return attn
+
+
+def math_attention(
+    sim: Sim, query: int, key: int, value: int, *, arch: Arch, recipe: TraceRecipe, mask: int | None
+) -> int:
+    """sdpa's math backend (``_scaled_dot_product_attention_math``), then the caller's
+    ``transpose(1, 2)`` copy of its output.
+
+    sdpa turns a boolean mask into a float one (``where``), held to its return.  q, k
+    and v are upcast to fp32 (locals to the return), q and k^T each scaled; ``matmul``
+    repeats k and v to every head (expand + reshape: a copy whose backward sums it) and
+    copies an operand whose (batch, heads) dims cannot merge, as `eager_attention` says;
+    its bmm keeps both operands.  The mask is added in place; ``_safe_softmax`` makes
+    the softmax, a -inf mask and the ``where`` it returns (kept); the output is cast
+    back to the dtype."""
+    tokens, act, batch, seq = recipe.batch * recipe.seq, recipe.act, recipe.batch, recipe.seq
+    q_bytes, kv_bytes = (4 * tokens * n * arch.head_dim for n in (arch.heads, arch.kv_heads))
+    scores = batch * arch.heads * seq * seq
+    bias = []
+    if mask is not None:  # `where(mask.logical_not(), -inf, 0)`
+        bias.append(sim.op([mask], act * batch * seq * seq, temps=[batch * seq * seq]))
+    query_f, key_f, value_f = (
+        sim.op([x], n) for x, n in ((query, q_bytes), (key, kv_bytes), (value, kv_bytes))
+    )
+    scaled_q = sim.op([query_f], q_bytes)
+    scaled_k = sim.op([key_f], kv_bytes)  # k^T * sqrt(scale)
+    query_m, key_m = (_bmm_operand(sim, x, q_bytes, batch) for x in (scaled_q, scaled_k))
+    raw = sim.op([query_m, key_m], 4 * scores, save=[query_m, key_m], matmul=True)
+    sim.drop(*(m for m, x in ((query_m, scaled_q), (key_m, scaled_k)) if m != x), scaled_k)
+    extra = [4 * scores] if recipe.eager_extra else []  # CUDA softmax backward's temporary
+    probs = sim.op(
+        [raw], 4 * scores, save_out=True, temps=[4 * scores, scores], backward_scratch=extra
+    )
+    sim.drop(raw)
+    dropped = dropout(sim, probs, 4 * scores, scores, arch.attn_dropout)
+    if dropped != probs:
+        sim.drop(probs)
+        probs = dropped
+    value_m = _bmm_operand(sim, value_f, q_bytes, batch)
+    out_f = sim.op([probs, value_m], q_bytes, save=[probs, value_m], matmul=True)
+    if value_m != value_f:
+        sim.drop(value_m)
+    out = sim.op([out_f], act * tokens * arch.heads * arch.head_dim)
+    sim.drop(out_f, probs, scaled_q, query_f, key_f, value_f, *bias)
+    flat = sim.op([out], sim.size(out), alias=True)  # transpose(1, 2).contiguous()
+    sim.drop(out)
+    return flat
+
+
+def _bmm_operand(sim: Sim, x: int, full: int, batch: int) -> int:
+    """What ``matmul`` hands bmm for a 4-D operand: with batch 1, ``x`` or its kv heads
+    expanded to every head (a view, whose gradient bmm makes at full size); otherwise a
+    copy (of the expansion: its backward sums it)."""
+    if batch == 1:
+        return x if sim.size(x) == full else sim.views(x, [full])[0]
+    return sim.op([x], full, alias=sim.size(x) == full)
 
 
 def _unpadded_flash(

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 
 from ckpt_core._memory.activations import Assignment, activation_bytes, head_bytes
 from ckpt_core._memory.arch import Arch
+from ckpt_core._memory.attention import math_kernel
 from ckpt_core._memory.ledger import Step
 from ckpt_core._memory.transient import loss_backward, widest_gradients, worst_block_backward
 
@@ -128,16 +129,19 @@ def _dropped_leaf(arch: Arch, step: Step) -> int:
 
 
 def _eager_extra(arch: Arch, step: Step, recipe: Recipe) -> int:
-    """The score-sized gradient CUDA's eager backward holds beyond the meta trace.
+    """The score-sized gradient CUDA's eager backward holds beyond the meta trace (with
+    sdpa's math backend: the fp32 softmax's).
 
     Scores in another half dtype than fp16 (bf16) reach an fp32 softmax through
     an fp32 copy, so the softmax's input gradient is fp32 rather than the
     dtype's; without a replay recipe the copy is assumed.  A softmax in the
     dtype (`Arch.softmax_in_dtype`) makes no copy.
     """
+    scores = step.batch * arch.heads * step.seq * step.seq
+    if math_kernel(arch, step.attention):  # sdpa's math backend: an fp32 softmax, its fp32 gradient
+        return 4 * scores
     if step.attention != "eager":
         return 0
-    scores = step.batch * arch.heads * step.seq * step.seq
     fp16 = recipe.trace is not None and recipe.trace.fp16
     copied = step.dtype_bytes < 4 and not fp16 and not arch.softmax_in_dtype
     return (step.dtype_bytes + (4 - step.dtype_bytes if copied else 0)) * scores

@@ -29,7 +29,7 @@ import functools
 
 from ckpt_core._memory.activations import Assignment, block_bytes, block_layout, block_modes
 from ckpt_core._memory.arch import Arch, BlockKind
-from ckpt_core._memory.attention import eager_softmax_bytes
+from ckpt_core._memory.attention import eager_softmax_bytes, math_kernel
 from ckpt_core._memory.families import family_of
 from ckpt_core._memory.ledger import BlockMode, Step
 from ckpt_core._memory.moe_trace import DOWN, GATE_UP
@@ -106,7 +106,9 @@ def widest_gradients(arch: Arch, step: Step) -> int:
         widest = max(widest, down + elem_bytes * rows * inter)
     if step.adapted(GATE_UP):
         widest = max(widest, 2 * stack - down + elem_bytes * rows * arch.hidden)
+    scores = step.batch * arch.heads * step.seq * step.seq
     if step.attention == "eager":  # the softmax's output and its input's gradient
-        scores = step.batch * arch.heads * step.seq * step.seq
         widest = max(widest, (eager_softmax_bytes(arch, elem_bytes) + elem_bytes) * scores)
+    elif math_kernel(arch, step.attention):  # the fp32 softmax's incoming and input gradients
+        widest = max(widest, 8 * scores)
     return widest + 2 * elem_bytes * tokens * arch.hidden

@@ -160,10 +160,17 @@ def _fused_attention_class(*, flash: bool = False) -> type:
 def _sdpa_stand_in(flash: bool) -> Any:
     """A replacement for ``F.scaled_dot_product_attention`` on meta tensors."""
     import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     fused = _fused_attention_class()
+    original = torch.nn.functional.scaled_dot_product_attention
 
-    def sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, *_: Any, **__: Any) -> Any:
+    def sdpa(
+        query: Any, key: Any, value: Any, attn_mask: Any = None, *args: Any, **kwargs: Any
+    ) -> Any:
+        if not flash and _math_kernel(query, key, kwargs.get("enable_gqa", False)):
+            with sdpa_kernel(SDPBackend.MATH):
+                return original(query, key, value, attn_mask, *args, **kwargs)
         # dropout_p, is_causal, scale, enable_gqa change nothing that is kept:
         # fused kernels keep only RNG seeds for dropout.
         bias = None
@@ -174,6 +181,13 @@ def _sdpa_stand_in(flash: bool) -> Any:
         return fused.apply(query, key, value, bias)
 
     return sdpa
+
+
+def _math_kernel(query: Any, key: Any, enable_gqa: bool) -> bool:
+    """Whether CUDA runs sdpa's math backend: the fused kernels need as many key as query
+    heads unless ``enable_gqa`` (``sdp_utils.cpp``, ``check_batch_size_and_num_heads_dense``);
+    Falcon's multi-query attention passes one key head without it."""
+    return query.shape[-3] != key.shape[-3] and not enable_gqa
 
 
 @contextlib.contextmanager

@@ -62,11 +62,12 @@ def _read_arch(config: Any, model_type: str) -> Arch:
         glu=False,
         fused_qkv=True,
         norm="layer",
-        attn_dropout=float(config.attention_dropout or 0.0),
+        attn_dropout=0.0,  # the rotary attention drops nothing out, eager or sdpa
         hidden_dropout=float(config.hidden_dropout or 0.0),
         parallel_attn=bool(config.parallel_attn) or new,
         falcon_norms=_norms_per_block(config, new),
         bias=bool(config.bias),
+        sdpa_math=kv_heads == 1 < heads and not new,
     )
 
 
