@@ -2,8 +2,9 @@
 
 A recording on meta sees each op's outputs only.  The buffers a CUDA kernel
 makes inside (bitsandbytes' dequantized 4-bit weight, its int8 matmul's
-product; the softmax backward's fp32 temporary) are added to the recording
-here, and bitsandbytes' quantized layers are built on meta.
+product; the softmax backward's temporary; ``_safe_softmax``'s softmax and
+-inf test) are added to the recording here, and bitsandbytes' quantized
+layers are built on meta.
 """
 
 from __future__ import annotations
@@ -26,6 +27,12 @@ def kernel_buffers_before(func: Any, args: Any, kwargs: Any, events: list[Event]
     columns.
     """
     name = str(func)
+    if name == "aten._safe_softmax.default":
+        # Its composite kernel: the softmax, the -inf test (bool), then `where` (the output).
+        buffers = [("safe_softmax", part, len(events)) for part in ("softmax", "masked")]
+        sizes = (args[0].nbytes, args[0].numel())
+        events.extend(("malloc", key, size, "") for key, size in zip(buffers, sizes, strict=True))
+        return buffers
     if name == "bitsandbytes.gemm_4bit.default":
         inputs, shape = args[0], args[2]
         rows = inputs.numel() // inputs.shape[-1]

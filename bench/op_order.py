@@ -59,6 +59,7 @@ from bench._meta_kernels import (
 from ckpt_core._memory.activations import ModeCounts, block_kinds
 from ckpt_core._memory.allocator import MIB, CachingAllocator
 from ckpt_core._memory.placement import place
+from ckpt_core._meta.stand_ins import math_backend_running
 
 if TYPE_CHECKING:
     from ckpt_core._memory.arch import Arch
@@ -127,16 +128,27 @@ class _Log(TorchDispatchMode):
         super().__init__()
         self.events, self.known = events, known
         self.live: dict[int, Any] = {}
+        self.in_place: dict[int, int] = {}  # an output storage -> the block it was added into
 
     def poll(self) -> None:
         for key in [k for k, ref in self.live.items() if ref.expired()]:
             del self.live[key]
-            self.events.append(("free", key, 0, ""))
+            self.events.append(("free", self.in_place.pop(key, key), 0, ""))
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
         self.poll()
         out = func(*args, **(kwargs or {}))
         events, known = self.events, self.known
+        if func is torch.ops.aten.add.Tensor and math_backend_running():
+            # CUDA's math backend adds the mask into the scores in place: the sum keeps
+            # their block, whose free waits for the sum's.
+            scores = args[0].untyped_storage()._cdata
+            if scores in self.live:
+                total = out.untyped_storage()
+                del self.live[scores]
+                self.live[total._cdata] = StorageWeakRef(total)
+                self.in_place[total._cdata] = self.in_place.pop(scores, scores)
+                return out
         made = kernel_buffers_before(func, args, kwargs or {}, events)
         for tensor in tree_flatten(out)[0]:
             if getattr(tensor, "is_meta", False):

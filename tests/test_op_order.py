@@ -42,6 +42,17 @@ from tests._model_configs import (
 PHI3_DROPOUT = (("model_type", "phi3"), ("resid_pdrop", 0.1), ("num_hidden_layers", 4))
 # GPT-2 with its eager attention upcast and reordered, four layers.
 GPT2_UPCAST = (("model_type", "gpt2"), ("reorder_and_upcast_attn", True), ("n_layer", 4))
+# Falcon-7B with four layers; its new architecture (Falcon-40B's grouped heads, two norms);
+# its old one with as many key heads as query heads (three views of the projection).
+FALCON4 = (("num_hidden_layers", 4),)
+FALCON_NEW = (
+    ("new_decoder_architecture", True),
+    ("num_kv_heads", 8),
+    ("num_attention_heads", 64),
+    ("hidden_size", 4096),
+    ("num_hidden_layers", 4),
+)
+FALCON_MHA = (("multi_query", False), ("num_hidden_layers", 4))
 # Qwen2 with use_sliding_window: layers from max_window_layers on slide, the others do not.
 QWEN2_SLIDING = (("use_sliding_window", True), ("sliding_window", 512), ("max_window_layers", 12))
 
@@ -108,11 +119,15 @@ QWEN2_SLIDING = (("use_sliding_window", True), ("sliding_window", 512), ("max_wi
         ),
         Case("llama-3.2-1b", "full", "bf16", "sdpa", "medium", 2, 1024, overrides=OPT),
         Case("llama-3.2-1b", "lora", "bf16", "eager", "selective", 2, 1024, overrides=OPT),
+        Case("falcon-7b", "lora", "bf16", "sdpa", "full", 2, 1024),
+        Case("falcon-7b", "lora", "bf16", "eager", "selective", 2, 1024, overrides=FALCON4),
+        Case("falcon-7b", "lora", "bf16", "sdpa", "medium", 2, 1024, overrides=FALCON_NEW),
+        Case("falcon-7b", "full", "bf16", "eager", "off", 1, 1024, overrides=FALCON_MHA),
     ],
     ids=lambda case: (
         f"{case.preset}-{case.method}-{case.attention}-{case.tier}-s{case.seq}"
         + ("-padded" if case.padded else "")
-        + (f"-{dict(case.overrides).get('model_type', 'sliding')}" if case.overrides else "")
+        + (f"-{dict(case.overrides).get('model_type', 'variant')}" if case.overrides else "")
     ),
 )
 def test_the_replay_allocates_what_the_real_op_order_does(case: Case) -> None:
@@ -146,7 +161,12 @@ def test_the_replay_allocates_what_the_real_op_order_does(case: Case) -> None:
     (one LayerNorm read by both branches, each dropped out) with RoPE on half of each
     head; StableLM's layer, sequential or parallel, RoPE on a quarter of each head;
     GPT-NeoX's, parallel or sequential, its q / k / v views of one fused projection;
-    OPT's per-sample learned positions, scaled q and ReLU MLP."""
+    OPT's per-sample learned positions, scaled q and ReLU MLP; Falcon's: Falcon-7B's one
+    key head, with which sdpa runs torch's math backend (fp32 copies, the fp32 softmax,
+    the mask added in place: the recording says so where a dispatch mode would add it
+    out of place), eager's weights held by the model's loop until the next layer
+    returns, the new architecture's flattened copies of q, k and v, and the old one's
+    three views of the fused projection."""
     allocated, reserved, workspace = estimate(case)
     real_allocated, real_reserved = replay(with_workspaces(record(case), workspace))
     assert allocated == pytest.approx(real_allocated, rel=0.002)
@@ -190,14 +210,15 @@ def test_a_stand_in_replay_stays_within_its_band(
         {"config": {**load_preset("llama-3.2-1b"), **dict(STABLELM_PARALLEL)}},
         {"config": {**load_preset("llama-3.2-1b"), **dict(GPT_NEOX)}},
         {"config": {**load_preset("llama-3.2-1b"), **dict(OPT)}},
+        {"preset": "falcon-7b"},
     ],
-    ids=["gpt2", "starcoder2", "seed_oss", "phi", "stablelm", "gpt_neox", "opt"],
+    ids=["gpt2", "starcoder2", "seed_oss", "phi", "stablelm", "gpt_neox", "opt", "falcon"],
 )
 def test_models_replayed_as_themselves_take_their_band(
     model: dict[str, Any], attention: str
 ) -> None:
-    """GPT-2, StarCoder2, Seed-OSS, Phi, StableLM, GPT-NeoX and OPT are replayed as
-    themselves (the cases above): their
+    """GPT-2, StarCoder2, Seed-OSS, Phi, StableLM, GPT-NeoX, OPT and Falcon are replayed
+    as themselves (the cases above): their
     verdicts take the replayed models' error band, not the wider one of a stand-in."""
     workload = parse_workload({"seq_len": 1024, "attention": attention})
     run = prepare(model_facts(model), workload)

@@ -253,6 +253,39 @@ def test_a_dropout_keeps_its_mask_until_its_backward(checkpointed: bool) -> None
     assert sim.allocator.allocated == 0
 
 
+@pytest.mark.parametrize("alias", [True, False])
+def test_an_in_place_op_allocates_nothing_and_its_backward_as_autograd_does(alias: bool) -> None:
+    """``y += x`` (Falcon's ``mlp_output += attention_output``) and ``y /= c`` (its eager
+    scores) allocate nothing and keep ``y``'s block; in backward the add hands the
+    incoming gradient to both inputs as it is, the division makes a new one.  Sizes in
+    MiB tell the order."""
+    from ckpt_core._memory.allocator import CachingAllocator
+    from ckpt_core._memory.autograd_sim import Sim
+
+    sizes: list[int] = []
+
+    class Logged(CachingAllocator):
+        def malloc(self, size: int) -> tuple[int, int]:
+            sizes.append(size // MIB)
+            return super().malloc(size)
+
+    sim = Sim(allocator=Logged())
+    x = sim.new(2 * MIB, grad=True)
+    y = sim.op([x], 4 * MIB)  # its backward makes x's gradient
+    result = sim.in_place(y, [x] if alias else [], alias=alias)
+    sim.drop(y)
+    assert sizes == [2, 4]
+    assert sim.allocator.allocated == 6 * MIB
+    loss = sim.op([result], 512)
+    sim.drop(result)
+    sim.backward(loss)
+    sim.drop(loss, x)
+    # The loss and its gradient (under 1 MiB), the result's gradient, (the division: a
+    # new one for y), then x's.
+    assert sizes[2:] == ([0, 0, 4, 2] if alias else [0, 0, 4, 4, 2])
+    assert sim.allocator.allocated == 0
+
+
 @pytest.mark.parametrize("kbit_preparation", ["peft", "none"])
 def test_the_closed_form_keeps_what_int8_linears_hold_as_the_replay_does(
     kbit_preparation: str,

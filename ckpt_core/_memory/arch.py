@@ -158,6 +158,9 @@ class Arch:
     relative_buckets: int = 0
     parallel_attn: bool = False  # Falcon: attention and MLP side by side
     falcon_norms: int = 0  # LayerNorms per Falcon block (1 or 2)
+    # Falcon's new architecture: k and v broadcast to every head and flattened with q into
+    # copies, so its attention runs at ``heads`` everywhere.
+    falcon_grouped: bool = False
     bias: bool = False  # every linear has a bias (GPT-2, BERT, Falcon with bias=True)
     mlp_bias: bool = False  # Llama-style ``mlp_bias``
     # Cohere: the attention and the MLP both read the one normed input, summed with the

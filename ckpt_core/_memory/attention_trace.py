@@ -15,7 +15,7 @@ from ckpt_core._memory.fused_trace import dropout
 from ckpt_core._memory.linear_trace import TraceRecipe, linear
 from ckpt_core._memory.pointwise_trace import softcap
 
-__all__ = ["attend", "eager_attention", "fused_attention", "math_attention"]
+__all__ = ["attend", "bmm_operand", "eager_attention", "fused_attention", "math_attention"]
 
 
 def attend(
@@ -103,7 +103,7 @@ def math_attention(
     )
     scaled_q = sim.op([query_f], q_bytes)
     scaled_k = sim.op([key_f], kv_bytes)  # k^T * sqrt(scale)
-    query_m, key_m = (_bmm_operand(sim, x, q_bytes, batch) for x in (scaled_q, scaled_k))
+    query_m, key_m = (bmm_operand(sim, x, q_bytes, batch) for x in (scaled_q, scaled_k))
     raw = sim.op([query_m, key_m], 4 * scores, save=[query_m, key_m], matmul=True)
     sim.drop(*(m for m, x in ((query_m, scaled_q), (key_m, scaled_k)) if m != x), scaled_k)
     extra = [4 * scores] if recipe.eager_extra else []  # CUDA softmax backward's temporary
@@ -115,18 +115,20 @@ def math_attention(
     if dropped != probs:
         sim.drop(probs)
         probs = dropped
-    value_m = _bmm_operand(sim, value_f, q_bytes, batch)
+    # The weights it returns beside the output, cast to the dtype: sdpa drops them.
+    weights = sim.new(act * scores)
+    value_m = bmm_operand(sim, value_f, q_bytes, batch)
     out_f = sim.op([probs, value_m], q_bytes, save=[probs, value_m], matmul=True)
     if value_m != value_f:
         sim.drop(value_m)
     out = sim.op([out_f], act * tokens * arch.heads * arch.head_dim)
-    sim.drop(out_f, probs, scaled_q, query_f, key_f, value_f, *bias)
+    sim.drop(out_f, probs, scaled_q, query_f, key_f, value_f, weights, *bias)
     flat = sim.op([out], sim.size(out), alias=True)  # transpose(1, 2).contiguous()
     sim.drop(out)
     return flat
 
 
-def _bmm_operand(sim: Sim, x: int, full: int, batch: int) -> int:
+def bmm_operand(sim: Sim, x: int, full: int, batch: int) -> int:
     """What ``matmul`` hands bmm for a 4-D operand: with batch 1, ``x`` or its kv heads
     expanded to every head (a view, whose gradient bmm makes at full size); otherwise a
     copy (of the expansion: its backward sums it)."""

@@ -157,6 +157,11 @@ class Sim:
                 tensor.handle = real[tensor.handle]
         self._pending.clear()
 
+    @property
+    def recomputing(self) -> bool:
+        """Whether a checkpointed region's forward is being replayed for its backward."""
+        return self._recomputing
+
     def size(self, tid: int) -> int:
         return self.info[tid][0]
 
@@ -187,34 +192,50 @@ class Sim:
         full size: zeros with the views' gradients copied in.
         """
         grad = self.info[base][1]
-        made = []
-        for size in sizes:
-            tid = self._next
-            self._next += 1
-            self.tensors[base].refs += 1
-            self.tensors[tid] = _Tensor(None, 1, base)
-            self.info[tid] = (size, grad)
-            if self._recomputing:
-                self._locals.add(tid)
-            made.append(tid)
+        made = tuple(self._view(base, size, grad) for size in sizes)
         if self.saving and grad:
-            self.graph.append(
-                _Op(
-                    inputs=(base,),
-                    outputs=tuple(made),
-                    saved=(),
-                    temporaries=(),
-                    scratch=(),
-                    alias=False,
-                    param_grad=0,
-                    unpacked=self._recomputing,
-                    matmul=False,
-                    unpacks=False,
-                    cast=False,
-                    shared_weight=False,
-                )
+            self._link((base,), made, alias=False)
+        return made
+
+    def in_place(self, target: int, others: Sequence[int] = (), *, alias: bool = True) -> int:
+        """An in-place op on ``target`` (``target += other``; ``/= scalar``): nothing is
+        allocated; returns the result, which holds ``target``'s storage (the caller drops
+        ``target``'s name).  Its backward hands the incoming gradient on as it is
+        (AddBackward0), or, not ``alias``, makes a new one (DivBackward1)."""
+        grad = any(self.info[t][1] for t in (target, *others))
+        result = self._view(target, self.size(target), grad)
+        if self.saving and grad:
+            self._link((target, *others), (result,), alias=alias)
+        return result
+
+    def _view(self, base: int, size: int, grad: bool) -> int:
+        tid = self._next
+        self._next += 1
+        self.tensors[base].refs += 1
+        self.tensors[tid] = _Tensor(None, 1, base)
+        self.info[tid] = (size, grad)
+        if self._recomputing:
+            self._locals.add(tid)
+        return tid
+
+    def _link(self, inputs: tuple[int, ...], outputs: tuple[int, ...], *, alias: bool) -> None:
+        """Record an op that allocates nothing in forward (a view, an in-place add)."""
+        self.graph.append(
+            _Op(
+                inputs=inputs,
+                outputs=outputs,
+                saved=(),
+                temporaries=(),
+                scratch=(),
+                alias=alias,
+                param_grad=0,
+                unpacked=self._recomputing,
+                matmul=False,
+                unpacks=False,
+                cast=False,
+                shared_weight=False,
             )
-        return tuple(made)
+        )
 
     def op(
         self,

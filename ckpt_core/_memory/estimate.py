@@ -98,8 +98,8 @@ ASSUMPTIONS: Final[dict[str, str]] = {
     "ends, as `out = model(...); out.loss.backward()`",
     "allocated": "max over the step's moments (loss backward, each block's recompute and "
     "backward, optimizer step), replayed op by op for the dense decoders (Llama-style, "
-    "Phi-3, Qwen3, Gemma 2 / 3, OLMo-2, StarCoder2, Phi, StableLM), GPT-2, GPT-NeoX and "
-    "OPT; "
+    "Phi-3, Qwen3, Gemma 2 / 3, OLMo-2, StarCoder2, Phi, StableLM), GPT-2, GPT-NeoX, "
+    "OPT and Falcon (whose multi-query sdpa runs torch's math backend: fp32 scores); "
     "plus "
     "two cuBLAS workspaces (the Python thread's and autograd's: 32 MiB each from compute "
     "capability 9 and for an unnamed GPU, 8.125 MiB before)",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.autograd_sim import Sim
@@ -37,6 +37,9 @@ class Inputs:
     reference passes to the step, whose AccumulateGrad node holds it.
     ``unread``: what the model's forward holds that no layer reads (Ministral's
     unused full mask, GPT-2's embedding lookups): it dies as the forward returns.
+    ``returned``: what the last block returned beside its output (Falcon's eager
+    weights), which the model's loop holds until the next block returns; the last
+    block's die as the forward returns.
     """
 
     hidden: int
@@ -46,6 +49,7 @@ class Inputs:
     sliding_mask: int | None = None
     leaf: int | None = None
     unread: tuple[int, ...] = ()
+    returned: list[int] = field(default_factory=list)
 
     def layer_mask(self, arch: Arch, index: int) -> int | None:
         """The mask layer ``index`` reads: its kind's."""
@@ -95,12 +99,19 @@ def embedding(sim: Sim, arch: Arch, recipe: TraceRecipe) -> int:
 
 
 def llama_prepare(
-    sim: Sim, arch: Arch, recipe: TraceRecipe, workspace: int, *, lookup_local: bool = True
+    sim: Sim,
+    arch: Arch,
+    recipe: TraceRecipe,
+    workspace: int,
+    *,
+    lookup_local: bool = True,
+    mask_always: bool = False,
 ) -> Inputs:
     """LlamaModel.forward: the embeddings, the masks the layers read (`layer_masks`), the
     embeddings' dropout, then RoPE.  With dropout the lookup is the adapters' leaf, or
     a local of the forward (StarCoder2's ``inputs_embeds``; ``lookup_local`` False: the
-    dropout's rebinding frees it, Phi's)."""
+    dropout's rebinding frees it, Phi's).  ``mask_always``: sdpa gets a materialized
+    mask at any length (Falcon's ``allow_is_causal_skip=False``)."""
     hidden, leaf = embedding(sim, arch, recipe), None
     if arch.scalar_multipliers:  # GraniteModel: `inputs_embeds * self.embedding_multiplier`
         lookup = hidden
@@ -109,7 +120,7 @@ def llama_prepare(
             sim.drop(lookup)
         else:
             leaf = lookup
-    full, sliding, held, forward_held, unread = layer_masks(sim, arch, recipe)
+    full, sliding, held, forward_held, unread = layer_masks(sim, arch, recipe, always=mask_always)
     if arch.embed_dropout:
         tokens = recipe.batch * recipe.seq
         lookup = hidden
@@ -153,7 +164,7 @@ def lookup_inputs(
 
 
 def layer_masks(
-    sim: Sim, arch: Arch, recipe: TraceRecipe
+    sim: Sim, arch: Arch, recipe: TraceRecipe, *, always: bool = False
 ) -> tuple[int | None, int | None, tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     """The masks the model makes for its layers: (full-attention layers', sliding layers',
     `Inputs.step_held`, `Inputs.forward_held`, `Inputs.unread`).
@@ -162,7 +173,8 @@ def layer_masks(
     Mistral and Phi-3 slide on every layer, Qwen2 with ``use_sliding_window`` on
     some), or both kinds (`Arch.both_masks`).  Eager: a float mask per sample.
     sdpa: the full-attention layers' is none, but a boolean one for a padded
-    batch (``create_causal_mask``); the sliding layers' is a boolean one once the
+    batch or, with ``always``, at any length (``create_causal_mask``); the sliding
+    layers' is a boolean one once the
     window is no longer than the sequence, or for a padded batch
     (``create_sliding_window_causal_mask``).
     """
@@ -179,7 +191,7 @@ def layer_masks(
     else:  # flash reads the 2-D padding mask and its window as they are: no mask made
         held, full, sliding = (sim.new(4),), None, None
         sdpa = recipe.attention == "fused"
-        if sdpa and recipe.padded and False in kinds:
+        if sdpa and (recipe.padded or always) and False in kinds:
             full = causal_mask(sim, recipe)
         if sdpa and True in kinds and (window_masked(arch, recipe) or recipe.padded):
             sliding = sliding_mask(sim, recipe)

@@ -323,7 +323,7 @@ def _forward_backward(
     else:
         held += inputs.forward_held
     normed = model.norm(sim, hidden, tokens, arch.hidden, recipe)
-    sim.drop(hidden, *inputs.unread)  # the model's forward returns: its locals die
+    sim.drop(hidden, *inputs.unread, *inputs.returned)  # the forward returns: its locals die
     vocab = tokens * arch.vocab
     head_bytes = recipe.logits or recipe.act
     logits = sim.op(

@@ -40,6 +40,8 @@ FLASH_STAND_IN: Final = "ckpt_core_meta_flash"
 _PATCH_LOCK: Final = threading.Lock()
 # Whether the measurement running in this context feeds a padded batch.
 _PADDED: Final = contextvars.ContextVar("ckpt_core_meta_padded", default=False)
+# Whether sdpa's math backend is running for a meta call (`math_backend_running`).
+_IN_MATH: Final = contextvars.ContextVar("ckpt_core_meta_math", default=False)
 _patch_users = 0
 _originals: dict[str, Any] = {}
 
@@ -169,8 +171,12 @@ def _sdpa_stand_in(flash: bool) -> Any:
         query: Any, key: Any, value: Any, attn_mask: Any = None, *args: Any, **kwargs: Any
     ) -> Any:
         if not flash and _math_kernel(query, key, kwargs.get("enable_gqa", False)):
-            with sdpa_kernel(SDPBackend.MATH):
-                return original(query, key, value, attn_mask, *args, **kwargs)
+            token = _IN_MATH.set(True)
+            try:
+                with sdpa_kernel(SDPBackend.MATH):
+                    return original(query, key, value, attn_mask, *args, **kwargs)
+            finally:
+                _IN_MATH.reset(token)
         # dropout_p, is_causal, scale, enable_gqa change nothing that is kept:
         # fused kernels keep only RNG seeds for dropout.
         bias = None
@@ -188,6 +194,14 @@ def _math_kernel(query: Any, key: Any, enable_gqa: bool) -> bool:
     heads unless ``enable_gqa`` (``sdp_utils.cpp``, ``check_batch_size_and_num_heads_dense``);
     Falcon's multi-query attention passes one key head without it."""
     return query.shape[-3] != key.shape[-3] and not enable_gqa
+
+
+def math_backend_running() -> bool:
+    """Whether a meta sdpa call is running torch's math backend.  Under a dispatch mode
+    that backend adds the mask out of place (``isTensorSubclassLike`` holds for every
+    tensor then); on CUDA it adds it in place, which a recording of the op order takes
+    from this."""
+    return _IN_MATH.get()
 
 
 @contextlib.contextmanager

@@ -12,8 +12,10 @@ from ckpt_core._errors import ModelConfigError
 from ckpt_core._memory.arch import Arch, BlockKind, read_int
 from ckpt_core._memory.attention import attention_core, mask_kind, rope_tables
 from ckpt_core._memory.costs import lm_head_flops
+from ckpt_core._memory.falcon_trace import DENSE, FALCON, MLP, MLP_NAMES, QKV, qkv_width
 from ckpt_core._memory.families.common import (
     dense_block_flops,
+    hidden_elements,
     layer_norm_lm_head,
     layer_norm_rotary_attention,
     two_matrix_mlp,
@@ -24,6 +26,7 @@ from ckpt_core._memory.ledger import (
     BlockMode,
     Ledger,
     Step,
+    dropout,
     linear,
     norm,
 )
@@ -46,6 +49,13 @@ def _read_arch(config: Any, model_type: str) -> Arch:
             "Falcon with alibi is not described by the memory model (rotary only)",
             field="model.config.alibi",
         )
+    parallel = bool(config.parallel_attn) or new
+    if not parallel and float(config.attention_dropout or 0.0) > 0:
+        raise ModelConfigError(
+            "Falcon's sequential layer drops out the attention's output by attention_dropout, "
+            "which the memory model does not describe: set it to 0",
+            field="model.config.attention_dropout",
+        )
     return Arch(
         model_type=model_type,
         family="falcon",
@@ -64,10 +74,12 @@ def _read_arch(config: Any, model_type: str) -> Arch:
         norm="layer",
         attn_dropout=0.0,  # the rotary attention drops nothing out, eager or sdpa
         hidden_dropout=float(config.hidden_dropout or 0.0),
-        parallel_attn=bool(config.parallel_attn) or new,
+        parallel_attn=parallel,
         falcon_norms=_norms_per_block(config, new),
         bias=bool(config.bias),
         sdpa_math=kv_heads == 1 < heads and not new,
+        falcon_grouped=new,
+        mlp_names=MLP_NAMES,
     )
 
 
@@ -79,13 +91,12 @@ def _norms_per_block(config: Any, new: bool) -> int:
 
 
 def _param_layout(arch: Arch) -> ParamLayout:
-    h, d, n, bias = arch.hidden, arch.head_dim, arch.layers, arch.bias
-    qkv = (arch.heads + 2 * arch.kv_heads) * d
+    h, n, bias = arch.hidden, arch.layers, arch.bias
     linears = (
-        Linear("self_attention.query_key_value", h, qkv, n, bias),
-        Linear("self_attention.dense", h, h, n, bias),
-        Linear("mlp.dense_h_to_4h", h, arch.intermediate, n, bias),
-        Linear("mlp.dense_4h_to_h", arch.intermediate, h, n, bias),
+        Linear(QKV, h, qkv_width(arch), n, bias),
+        Linear(DENSE, h, h, n, bias),
+        Linear(MLP[0], h, arch.intermediate, n, bias),
+        Linear(MLP[1], arch.intermediate, h, n, bias),
     )
     norms = n * arch.falcon_norms * 2 * h + 2 * h  # LayerNorms with bias, ln_f
     return ParamLayout(linears, 0, embedding_parameters(arch), norms)
@@ -113,18 +124,25 @@ def _block(arch: Arch, step: Step, mode: BlockMode, kind: BlockKind) -> Ledger:
         mlp_in = norm(led, step, "in", "ln_mlp", kind="layer", rows=rows, width=h)
     else:
         mlp_in = attn_in  # one norm feeds both branches
-    two_matrix_mlp(led, arch, step, mlp_in, ("mlp.dense_h_to_4h", "mlp.dense_4h_to_h"))
+    two_matrix_mlp(led, arch, step, mlp_in, MLP)
+    elements = hidden_elements(arch, step)  # `dropout_add(mlp_output, residual)`
+    dropout(led, step, "mlp.out", tag="mlp.dropout_out", p=arch.hidden_dropout, elements=elements)
     return led
 
 
 def _attention(led: Ledger, arch: Arch, step: Step, x: str) -> None:
-    """Fused qkv split into heads with reshape copies; rotary on q and k."""
+    """The fused projection split (`ckpt_core._memory.falcon_trace`); rotary on q and k.
+    v is an index copy (multi-query), a flattened copy (the new architecture), or a view
+    of the fused output, which it keeps."""
     elem_bytes, tokens, d = step.dtype_bytes, step.tokens, arch.head_dim
-    linear(led, step, x, arch.hidden, "self_attention.query_key_value")
+    linear(led, step, x, arch.hidden, QKV)
     rope_tables(led, arch, step, sliding=False)
-    v = ("attn.v", elem_bytes * tokens * arch.kv_heads * d)  # transpose + reshape copies v
+    if arch.kv_heads == arch.heads and not arch.falcon_grouped:
+        v = ("attn.qkv", elem_bytes * tokens * qkv_width(arch))
+    else:
+        v = ("attn.v", elem_bytes * tokens * arch.kv_heads * d)
     out = attention_core(led, arch, step, ("q_rope", "k_rope", *v), mask=_mask(arch, step))
-    linear(led, step, out, arch.hidden, "self_attention.dense")
+    linear(led, step, out, arch.hidden, DENSE)
 
 
 def _mask(arch: Arch, step: Step) -> str | None:
@@ -143,4 +161,6 @@ FAMILY = Family(
     block_ledger=_block,
     block_flops=dense_block_flops,
     head_flops=lm_head_flops,
+    trace=lambda arch: FALCON,
+    replayed_exactly=lambda arch: True,
 )
