@@ -152,6 +152,9 @@ def workload_of(row: dict[str, Any]) -> dict[str, Any]:
     # .cuda(): the defaults.  bench/gpu_step.py records its own.
     if run.get("load_path"):
         workload["load_path"] = run["load_path"]
+    # The shared rows' harness pins sdpa's memory-efficient kernel, K and V repeated for it.
+    if str(row["measured"].get("sdpa_backend", "")).startswith("EFFICIENT_ATTENTION"):
+        workload["sdpa_backend"] = "efficient"
     if quantized:
         workload["weights"] = run["quantization"]
     if workload["method"] != "full":

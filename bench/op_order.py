@@ -88,7 +88,7 @@ GPU: Final = "A100-80GB"  # the workspace size; the context is taken off the est
 class Case:
     preset: str
     method: str  # full | lora | qlora
-    dtype: str  # bf16 | fp16
+    dtype: str  # bf16 | fp16 | fp32
     attention: str  # sdpa | eager
     tier: str
     batch: int
@@ -171,7 +171,7 @@ def _model(case: Case) -> Any:
     from ckpt_core import install_checkpoint_hooks
     from ckpt_core._configs.model_config import build_meta_model, load_model_config
 
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[case.dtype]
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[case.dtype]
     config = load_model_config(case.model)
     model = build_meta_model(config, attention=case.attention).to(dtype)
     if case.method == "qlora":

@@ -32,6 +32,7 @@ from ckpt_core import (
     METHODS,
     OFFLOADS,
     OPTIMIZERS,
+    SDPA_BACKENDS,
     SHARDINGS,
     WEIGHT_STORAGES,
     InvalidTierError,
@@ -167,6 +168,7 @@ KbitPreparationField = _choice_field(Choice(KBIT_PREPARATIONS), " | ".join(KBIT_
 ComputeField = _choice_field(Choice(COMPUTES), " | ".join(COMPUTES))
 GradientsField = _choice_field(Choice(GRADIENTS), " | ".join(GRADIENTS))
 LoadPathField = _choice_field(Choice(LOAD_PATHS), " | ".join(LOAD_PATHS))
+SdpaBackendField = _choice_field(Choice(SDPA_BACKENDS), " | ".join(SDPA_BACKENDS))
 
 
 class _Request(BaseModel):
@@ -225,6 +227,16 @@ class WorkloadSpec(MeasureSpec):
     kbit_preparation: KbitPreparationField = "peft"
     compute: ComputeField = "loaded"
     gradients: GradientsField = "set_to_none"
+    sdpa_backend: SdpaBackendField = Field(
+        "auto",
+        description=(
+            "sdpa's kernel: auto (torch picks; without a fused kernel for the call - grouped "
+            "kv heads with fp32 q or on a GPU older than compute capability 8.0, Falcon-7B's "
+            "one key head - it runs the math backend, which keeps fp32 scores) | efficient "
+            "(pinned with sdpa_kernel(EFFICIENT_ATTENTION); grouped K and V repeated to "
+            "every head for it)."
+        ),
+    )
     load_path: LoadPathField | None = Field(
         None,
         description=(

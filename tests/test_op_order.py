@@ -119,6 +119,8 @@ QWEN2_SLIDING = (("use_sliding_window", True), ("sliding_window", 512), ("max_wi
         ),
         Case("llama-3.2-1b", "full", "bf16", "sdpa", "medium", 2, 1024, overrides=OPT),
         Case("llama-3.2-1b", "lora", "bf16", "eager", "selective", 2, 1024, overrides=OPT),
+        Case("llama-3.2-1b", "lora", "fp32", "sdpa", "off", 2, 1024),
+        Case("qwen2.5-0.5b", "full", "fp32", "sdpa", "selective", 2, 1024),
         Case("falcon-7b", "lora", "bf16", "sdpa", "full", 2, 1024),
         Case("falcon-7b", "lora", "bf16", "eager", "selective", 2, 1024, overrides=FALCON4),
         Case("falcon-7b", "lora", "bf16", "sdpa", "medium", 2, 1024, overrides=FALCON_NEW),
@@ -126,6 +128,7 @@ QWEN2_SLIDING = (("use_sliding_window", True), ("sliding_window", 512), ("max_wi
     ],
     ids=lambda case: (
         f"{case.preset}-{case.method}-{case.attention}-{case.tier}-s{case.seq}"
+        + ("" if case.dtype == "bf16" else f"-{case.dtype}")
         + ("-padded" if case.padded else "")
         + (f"-{dict(case.overrides).get('model_type', 'variant')}" if case.overrides else "")
     ),
@@ -161,7 +164,9 @@ def test_the_replay_allocates_what_the_real_op_order_does(case: Case) -> None:
     (one LayerNorm read by both branches, each dropped out) with RoPE on half of each
     head; StableLM's layer, sequential or parallel, RoPE on a quarter of each head;
     GPT-NeoX's, parallel or sequential, its q / k / v views of one fused projection;
-    OPT's per-sample learned positions, scaled q and ReLU MLP; Falcon's: Falcon-7B's one
+    OPT's per-sample learned positions, scaled q and ReLU MLP; grouped heads in fp32,
+    which sdpa gets with ``enable_gqa`` and runs with its math backend (k and v
+    repeated to every head, the causal mask made in it); Falcon's: Falcon-7B's one
     key head, with which sdpa runs torch's math backend (fp32 copies, the fp32 softmax,
     the mask added in place: the recording says so where a dispatch mode would add it
     out of place), eager's weights held by the model's loop until the next layer

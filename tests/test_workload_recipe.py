@@ -37,6 +37,7 @@ def test_defaults_match_what_people_run() -> None:
     assert workload.gradients == "set_to_none"  # torch's zero_grad default
     assert workload.logits_held is True
     assert workload.padded is False  # one sequence per row, or packed without padding
+    assert workload.sdpa_backend == "auto"  # torch picks sdpa's kernel
     # HF Trainer / TRL move an unquantized model with .to(); bitsandbytes needs a device map.
     assert workload.load_path is None
     assert workload.loaded_with_device_map is False
@@ -56,6 +57,8 @@ def test_defaults_match_what_people_run() -> None:
         ("logits_held", None),
         ("padded", "true"),
         ("padded", 0),
+        ("sdpa_backend", "flash"),
+        ("sdpa_backend", None),
     ],
 )
 def test_bad_values_name_the_field(field: str, value: object) -> None:

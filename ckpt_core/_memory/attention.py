@@ -11,6 +11,8 @@ Pure arithmetic.
 
 from __future__ import annotations
 
+from typing import Final
+
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.ledger import GLOBAL, Ledger, Step, dropout
 
@@ -91,7 +93,7 @@ def attention_core(
     """
     if step.attention == "flash" and step.padded:
         return _unpadded_flash(led, arch, step)
-    if math_kernel(arch, step.attention):
+    if math_kernel(arch, step.attention, step.gqa, mask is not None):
         return _math_attention(led, arch, step)
     q_name, k_name, v_name, v_bytes = qkv
     elem_bytes, tokens, batch, seq = step.dtype_bytes, step.tokens, step.batch, step.seq
@@ -126,7 +128,7 @@ def attention_core(
         # The output's transpose(1, 2).contiguous() copy is o_proj's input, kept by o_proj
         # only when it is trained (an adapter keeps its own fp32 copy).
         return "attn.o_in"
-    if mask is not None and 1 < arch.kv_heads < arch.heads:
+    if (mask is not None or step.gqa == "repeated") and 1 < arch.kv_heads < arch.heads:
         # a mask turns off sdpa's native GQA: repeat_kv copies (one kv head: a stride-0 view)
         led.keep("attn.k_rep", elem_bytes * tokens * q)
         led.keep("attn.v_rep", elem_bytes * tokens * out)
@@ -146,22 +148,59 @@ def attention_core(
     return "attn.o_in"
 
 
-def math_kernel(arch: Arch, attention: str) -> bool:
-    """Whether sdpa (``attention``: the kernel kind) runs torch's math backend
-    (`Arch.sdpa_math`) rather than a fused kernel."""
-    return attention == "fused" and arch.sdpa_math
+# GPU-table names (`ckpt_core._planning.gpus`) below compute capability 8.0, where PyTorch
+# has no flash kernel (sdp_utils.cpp ``check_flash_attention_hardware_support``).
+NO_FLASH_GPUS: Final = frozenset(
+    {"T4", "V100-16GB", "V100-32GB", "P100-16GB", "P40", "RTX 2080 Ti", "Quadro RTX 8000"}
+)
+HEAD_DIM_GQA: Final = 256  # transformers' use_gqa_in_sdpa: larger heads are repeated
+
+
+def gqa_kind(arch: Arch, kernel: str, backend: str, query_bytes: int, gpu: str | None) -> str:
+    """How sdpa (``kernel`` "fused") runs a layer's grouped kv heads without a mask
+    (`Step.gqa`): transformers' sdpa_attention_forward then passes them as they are with
+    ``enable_gqa`` (``use_gqa_in_sdpa``: heads up to 256 wide), which among the fused
+    kernels only flash takes, and only in fp16 / bf16 from compute capability 8.0: else
+    torch's math backend runs ("math"; ``query_bytes``: q is fp32 in a fp32 step and
+    after PEFT's kbit preparation, unless autocast casts it).  Pinned to the
+    memory-efficient kernel (``backend``), K and V are repeated to every head for it
+    ("repeated").  With a mask they are always repeated (`attention_core`).  Falcon's
+    grouped heads are copied to every head by the model."""
+    grouped = kernel == "fused" and arch.kv_heads < arch.heads
+    if not grouped or arch.falcon_grouped or arch.sdpa_math:
+        return "native"
+    if backend == "efficient":
+        return "repeated"
+    no_flash = query_bytes == 4 or gpu in NO_FLASH_GPUS
+    return "math" if no_flash and max(arch.head_dim, arch.value_dim) <= HEAD_DIM_GQA else "native"
+
+
+def math_kernel(arch: Arch, attention: str, gqa: str, masked: bool) -> bool:
+    """Whether a layer's sdpa (``attention``: the kernel kind) runs torch's math backend:
+    Falcon-7B's one key head (`Arch.sdpa_math`), or grouped heads without a mask
+    (``masked`` False) that no fused kernel takes (`gqa_kind`)."""
+    return attention == "fused" and (arch.sdpa_math or (gqa == "math" and not masked))
+
+
+def any_math_kernel(arch: Arch, step: Step) -> bool:
+    """Whether some layer's sdpa runs torch's math backend: a full-attention layer's,
+    the one a grouped model leaves unmasked first."""
+    masked = mask_kind(arch, step, sliding=False) is not None
+    return math_kernel(arch, step.attention, step.gqa, masked)
 
 
 def _math_attention(led: Ledger, arch: Arch, step: Step) -> str:
     """sdpa's math backend (``_scaled_dot_product_attention_math``): q, k and v are upcast
     to fp32 (``allow_fp16_bf16_reduction_math_sdp`` is off by default); its matmuls keep
     the scaled q, the scaled k^T and v, and the fp32 softmax (the mask is added in place).
-    k and v are repeated to every head by ``matmul``'s expand, a copy unless the batch is
-    1 (a stride-0 view).  The output is cast back to the dtype: o_proj's input, kept by
-    o_proj only when it is trained."""
+    k and v are repeated to every head: with ``enable_gqa`` by ``repeat_interleave`` (a
+    copy), else by ``matmul``'s expand, a copy unless the batch is 1 (a stride-0 view).
+    The output is cast back to the dtype: o_proj's input, kept by o_proj only when it is
+    trained."""
     tokens, q = step.tokens, arch.heads * arch.head_dim
     scores = step.batch * arch.heads * step.seq * step.seq
-    kv_heads = arch.heads if step.batch > 1 else arch.kv_heads
+    expanded = arch.sdpa_math and step.batch == 1
+    kv_heads = arch.kv_heads if expanded else arch.heads
     led.keep("attn.q_fp32", 4 * tokens * q)
     led.keep("attn.k_fp32", 4 * tokens * kv_heads * arch.head_dim)
     led.keep("attn.v_fp32", 4 * tokens * kv_heads * arch.value_dim)

@@ -39,7 +39,7 @@ def attend(
             sim.drop(weights)
         else:
             held.append(weights)
-    elif math_kernel(arch, recipe.attention):
+    elif math_kernel(arch, recipe.attention, recipe.gqa, mask is not None):
         attn = math_attention(sim, query, key, value, arch=arch, recipe=recipe, mask=mask)
     else:
         attn = fused_attention(sim, query, key, value, arch=arch, recipe=recipe, mask=mask)
@@ -64,7 +64,8 @@ def fused_attention(
     batch, seq = recipe.batch, recipe.seq
     q_bytes = recipe.act * batch * seq * arch.heads * arch.head_dim
     copies: tuple[int, ...] = ()
-    if mask is not None and recipe.attention == "fused" and 1 < arch.kv_heads < arch.heads:
+    repeated = mask is not None or recipe.gqa == "repeated"
+    if repeated and recipe.attention == "fused" and 1 < arch.kv_heads < arch.heads:
         key, value = copies = (sim.op([key], q_bytes), sim.op([value], q_bytes))
     bias = [sim.new(recipe.act * batch * seq * seq)] if mask is not None else []
     lse = sim.new(4 * batch * arch.heads * seq)
@@ -85,13 +86,14 @@ def math_attention(
     """sdpa's math backend (``_scaled_dot_product_attention_math``), then the caller's
     ``transpose(1, 2)`` copy of its output.
 
-    sdpa turns a boolean mask into a float one (``where``), held to its return.  q, k
-    and v are upcast to fp32 (locals to the return), q and k^T each scaled; ``matmul``
-    repeats k and v to every head (expand + reshape: a copy whose backward sums it) and
-    copies an operand whose (batch, heads) dims cannot merge, as `eager_attention` says;
-    its bmm keeps both operands.  The mask is added in place; ``_safe_softmax`` makes
-    the softmax, a -inf mask and the ``where`` it returns (kept); the output is cast
-    back to the dtype."""
+    sdpa turns a boolean mask into a float one (``where``), held to its return; without
+    one the backend makes the causal mask itself (``ones``, ``tril``, then the float one
+    in q's fp32).  q, k and v are upcast to fp32 (locals to the return), q scaled; with
+    ``enable_gqa`` k and v are repeated to every head (``repeat_interleave``, a copy whose
+    backward sums it), else ``matmul`` repeats them (`bmm_operand`); k^T is scaled; the
+    bmm keeps both operands.  The mask is added in place; ``_safe_softmax`` makes the
+    softmax, a -inf test and the ``where`` it returns (kept); the weights it returns
+    beside the output are cast to the dtype and dropped; the output is cast back."""
     tokens, act, batch, seq = recipe.batch * recipe.seq, recipe.act, recipe.batch, recipe.seq
     q_bytes, kv_bytes = (4 * tokens * n * arch.head_dim for n in (arch.heads, arch.kv_heads))
     scores = batch * arch.heads * seq * seq
@@ -102,8 +104,20 @@ def math_attention(
         sim.op([x], n) for x, n in ((query, q_bytes), (key, kv_bytes), (value, kv_bytes))
     )
     scaled_q = sim.op([query_f], q_bytes)
-    scaled_k = sim.op([key_f], kv_bytes)  # k^T * sqrt(scale)
-    query_m, key_m = (bmm_operand(sim, x, q_bytes, batch) for x in (scaled_q, scaled_k))
+    if mask is None:  # is_causal: `ones(L, S).tril()`, then the float mask
+        ones = sim.new(seq * seq)
+        lower = sim.new(seq * seq)
+        sim.drop(ones)
+        bias.append(sim.op([lower], 4 * seq * seq, temps=[seq * seq]))
+        sim.drop(lower)
+    upcast = (key_f, value_f)  # locals to the return, as the repeated ones are
+    # pre_process_group_query_attention_input: copies, per head, that bmm reads as views
+    grouped = recipe.gqa == "math" and not arch.sdpa_math
+    if grouped:
+        key_f, value_f = sim.op([key_f], q_bytes), sim.op([value_f], q_bytes)
+    scaled_k = sim.op([key_f], sim.size(key_f))  # k^T * sqrt(scale)
+    query_m = bmm_operand(sim, scaled_q, q_bytes, batch)
+    key_m = scaled_k if grouped else bmm_operand(sim, scaled_k, q_bytes, batch)
     raw = sim.op([query_m, key_m], 4 * scores, save=[query_m, key_m], matmul=True)
     sim.drop(*(m for m, x in ((query_m, scaled_q), (key_m, scaled_k)) if m != x), scaled_k)
     extra = [4 * scores] if recipe.eager_extra else []  # CUDA softmax backward's temporary
@@ -115,14 +129,13 @@ def math_attention(
     if dropped != probs:
         sim.drop(probs)
         probs = dropped
-    # The weights it returns beside the output, cast to the dtype: sdpa drops them.
-    weights = sim.new(act * scores)
-    value_m = bmm_operand(sim, value_f, q_bytes, batch)
+    weights = sim.new(act * scores)  # returned beside the output in the dtype: sdpa drops it
+    value_m = value_f if grouped else bmm_operand(sim, value_f, q_bytes, batch)
     out_f = sim.op([probs, value_m], q_bytes, save=[probs, value_m], matmul=True)
     if value_m != value_f:
         sim.drop(value_m)
     out = sim.op([out_f], act * tokens * arch.heads * arch.head_dim)
-    sim.drop(out_f, probs, scaled_q, query_f, key_f, value_f, weights, *bias)
+    sim.drop(out_f, probs, scaled_q, query_f, *{*upcast, key_f, value_f}, weights, *bias)
     flat = sim.op([out], sim.size(out), alias=True)  # transpose(1, 2).contiguous()
     sim.drop(out)
     return flat

@@ -64,7 +64,10 @@ ASSUMPTIONS: Final[dict[str, str]] = {
     "measurement: storages autograd keeps at the end of forward",
     "attention": "sdpa / flash treated as fused kernels (q, k, v, output, log-sum-exp kept); "
     "eager keeps the s x s softmax; a padded batch (padded) gives sdpa a mask per sample on "
-    "every layer, which keeps a float copy of it and grouped K / V heads repeated per layer",
+    "every layer, which keeps a float copy of it and grouped K / V heads repeated per layer; "
+    "sdpa runs torch's math backend (fp32 q, k, v repeated to every head and the fp32 "
+    "softmax kept) for calls no fused kernel takes: grouped heads without a mask in fp32 or "
+    "on a GPU below compute capability 8.0 (sdpa_backend auto), Falcon-7B's one key head",
     "quantization": "bitsandbytes: block linears quantized but the model's keep-in-fp32 "
     "modules (T5's wo); nf4 = 0.5 B/weight + fp32 absmax "
     "per 64 (double_quant: 8-bit absmax + fp32 per 256 blocks); int8 = 1 B/weight + fp32 row "
@@ -270,6 +273,7 @@ def recipe_for(
         compute=compute,
         residual=step.residual_bytes,
         attention=step.attention,
+        gqa=step.gqa,
         weights=loaded,
         kept=4 if workload.kbit_prepared else loaded,
         quantized=workload.quantized,

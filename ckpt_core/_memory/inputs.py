@@ -16,6 +16,7 @@ from typing import Final
 from ckpt_core._errors import InvalidWorkloadError
 from ckpt_core._memory import adafactor
 from ckpt_core._memory.arch import Arch
+from ckpt_core._memory.attention import gqa_kind
 from ckpt_core._memory.context import context_bytes
 from ckpt_core._memory.estimate import (
     DTYPE_BYTES,
@@ -146,11 +147,16 @@ def prepare(facts: Facts, workload: Workload, gpu: str | None = None) -> Run:
         adapted = None if workload.method == "full" else targets
         factored_states = adafactor.state_bytes(arch, layout, adapted, workload.lora_rank)
     kernel, note = _attention(arch, workload.attention)
+    act_bytes = activation_dtype_bytes(workload)
+    # autocast hands sdpa its inputs in the dtype, whatever the activations' bytes
+    query_bytes = DTYPE_BYTES[workload.dtype] if workload.compute == "autocast" else act_bytes
+    gqa = gqa_kind(arch, kernel, workload.sdpa_backend, query_bytes, gpu)
+    note = note or _math_note(arch, kernel, gqa)
     fp32_linears = _fp32_linears(arch, workload)
     step = Step(
         batch=workload.micro_batch_size,
         seq=workload.seq_len,
-        dtype_bytes=activation_dtype_bytes(workload),
+        dtype_bytes=act_bytes,
         attention=kernel,
         trainable_weights=workload.method == "full",
         lora_rank=workload.lora_rank if workload.method != "full" else 0,
@@ -159,6 +165,7 @@ def prepare(facts: Facts, workload: Workload, gpu: str | None = None) -> Run:
         padded=workload.padded,
         fp32_linears=fp32_linears,
         held_inputs=workload.weight_storage == "int8",
+        gqa=gqa,
     )
     # Per GPU of the data-parallel group (the unsharded totals ride along): issue 17.
     replica = static_memory(
@@ -268,6 +275,24 @@ def _idle_adapters(layout: ParamLayout, workload: Workload) -> tuple[int, ...]:
     order = [linear for _ in range(layers) for linear in per_layer] + once
     rank = workload.lora_rank
     return tuple(rank * size for linear in order for size in (linear.fan_in, linear.fan_out))
+
+
+def _math_note(arch: Arch, kernel: str, gqa: str) -> str:
+    """What the answer says when sdpa runs torch's math backend (`gqa_kind`)."""
+    if kernel != "fused":
+        return ""
+    if arch.sdpa_math:
+        return (
+            f"{arch.model_type} hands sdpa one key head without enable_gqa, which no fused "
+            "kernel takes: torch's math backend runs, keeping fp32 scores per layer"
+        )
+    if gqa == "math":
+        return (
+            "sdpa gets grouped kv heads with enable_gqa where no mask is needed, which only "
+            "flash takes, in fp16 / bf16 from compute capability 8.0: here torch's math "
+            "backend runs, keeping fp32 scores per such layer"
+        )
+    return ""
 
 
 def _attention(arch: Arch, requested: str) -> tuple[str, str]:

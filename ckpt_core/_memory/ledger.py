@@ -45,7 +45,8 @@ class Step:
     (`Family.keep_in_fp32` under fp16): their input is cast to fp32, and so is
     their output.  ``held_inputs``: the linears are bitsandbytes' int8 ones, which
     keep their input as an attribute of the backward function (``ctx.tensors``),
-    in every mode: checkpoint's hooks never see it.
+    in every mode: checkpoint's hooks never see it.  ``gqa``: how sdpa runs grouped
+    kv heads.
     """
 
     batch: int
@@ -59,6 +60,9 @@ class Step:
     padded: bool = False  # an attention mask with padding: sdpa gets a mask per sample
     fp32_linears: frozenset[str] = frozenset()
     held_inputs: bool = False
+    # sdpa's calls with grouped kv heads and no mask (`ckpt_core._memory.attention.gqa_kind`):
+    # native (a fused kernel takes them) | math | repeated (K / V repeated to every head)
+    gqa: str = "native"
 
     def adapted(self, name: str) -> bool:
         """Whether the linear (or parameter) named so carries a LoRA adapter."""

@@ -46,6 +46,7 @@ class TraceRecipe:
     int8: bool = False  # bitsandbytes' LLM.int8() linears (else 4-bit when quantized)
     blas_workspace: int = 0  # one cuBLAS workspace (`ckpt_core._memory.workspace`)
     padded: bool = False  # an attention mask with padding (`ckpt_core._memory.model_trace`)
+    gqa: str = "native"  # how sdpa runs grouped kv heads (`ckpt_core._memory.ledger.Step`)
     idle_adapters: tuple[int, ...] = ()  # adapter tensors on an idle tower, in PEFT's order
     device_map: bool = False  # loaded by from_pretrained(device_map=...), not moved with .to()
 

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 from ckpt_core._memory.activations import Assignment, activation_bytes, head_bytes
 from ckpt_core._memory.arch import Arch
-from ckpt_core._memory.attention import math_kernel
+from ckpt_core._memory.attention import any_math_kernel
 from ckpt_core._memory.ledger import Step
 from ckpt_core._memory.transient import loss_backward, widest_gradients, worst_block_backward
 
@@ -138,7 +138,7 @@ def _eager_extra(arch: Arch, step: Step, recipe: Recipe) -> int:
     dtype (`Arch.softmax_in_dtype`) makes no copy.
     """
     scores = step.batch * arch.heads * step.seq * step.seq
-    if math_kernel(arch, step.attention):  # sdpa's math backend: an fp32 softmax, its fp32 gradient
+    if any_math_kernel(arch, step):  # sdpa's math backend: an fp32 softmax, its fp32 gradient
         return 4 * scores
     if step.attention != "eager":
         return 0

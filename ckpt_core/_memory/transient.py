@@ -29,7 +29,7 @@ import functools
 
 from ckpt_core._memory.activations import Assignment, block_bytes, block_layout, block_modes
 from ckpt_core._memory.arch import Arch, BlockKind
-from ckpt_core._memory.attention import eager_softmax_bytes, math_kernel
+from ckpt_core._memory.attention import any_math_kernel, eager_softmax_bytes
 from ckpt_core._memory.families import family_of
 from ckpt_core._memory.ledger import BlockMode, Step
 from ckpt_core._memory.moe_trace import DOWN, GATE_UP
@@ -109,6 +109,6 @@ def widest_gradients(arch: Arch, step: Step) -> int:
     scores = step.batch * arch.heads * step.seq * step.seq
     if step.attention == "eager":  # the softmax's output and its input's gradient
         widest = max(widest, (eager_softmax_bytes(arch, elem_bytes) + elem_bytes) * scores)
-    elif math_kernel(arch, step.attention):  # the fp32 softmax's incoming and input gradients
+    elif any_math_kernel(arch, step):  # the fp32 softmax's incoming and input gradients
         widest = max(widest, 8 * scores)
     return widest + 2 * elem_bytes * tokens * arch.hidden

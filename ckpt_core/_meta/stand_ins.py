@@ -4,7 +4,9 @@ Used by `ckpt_core._meta.measure` for meta tensors only; real tensors always tak
 the real path, so concurrent real runs are unaffected:
 
 - ``scaled_dot_product_attention`` on meta would take the math path and keep
-  the s x s scores.  The stand-in keeps what the fused kernels keep: q, k, v,
+  the s x s scores.  Where CUDA takes it too (`_math_kernel`: grouped heads no
+  fused kernel accepts), it runs; otherwise the stand-in keeps what the fused
+  kernels keep: q, k, v,
   the output and the fp32 log-sum-exp, plus the additive mask when one is
   passed (the memory-efficient kernel keeps its bias; torch first converts a
   boolean mask into a new float mask).  Flash keeps no mask and no bias; its
@@ -191,9 +193,16 @@ def _sdpa_stand_in(flash: bool) -> Any:
 
 def _math_kernel(query: Any, key: Any, enable_gqa: bool) -> bool:
     """Whether CUDA runs sdpa's math backend: the fused kernels need as many key as query
-    heads unless ``enable_gqa`` (``sdp_utils.cpp``, ``check_batch_size_and_num_heads_dense``);
-    Falcon's multi-query attention passes one key head without it."""
-    return query.shape[-3] != key.shape[-3] and not enable_gqa
+    heads unless ``enable_gqa`` (``sdp_utils.cpp``, ``check_batch_size_and_num_heads_dense``),
+    which only flash takes, in fp16 / bf16 (and from compute capability 8.0, which meta
+    does not know).  Falcon's multi-query attention passes one key head without it;
+    transformers passes grouped heads with it, fp32 ones in a step that is fp32 or after
+    PEFT's kbit preparation."""
+    import torch
+
+    if query.shape[-3] == key.shape[-3]:
+        return False
+    return not enable_gqa or query.dtype == torch.float32
 
 
 def math_backend_running() -> bool:

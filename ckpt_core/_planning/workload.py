@@ -25,6 +25,7 @@ KbitPreparation = Literal["peft", "none"]
 Compute = Literal["loaded", "autocast"]
 Gradients = Literal["set_to_none", "accumulate"]
 LoadPath = Literal["device_map", "to_device"]
+SdpaBackend = Literal["auto", "efficient"]
 Sharding = Literal["none", "zero1", "zero2", "zero3"]
 Engine = Literal["torch", "deepspeed"]
 Offload = Literal["none", "optimizer", "all"]
@@ -46,6 +47,7 @@ KBIT_PREPARATIONS: Final[tuple[str, ...]] = ("peft", "none")
 COMPUTES: Final[tuple[str, ...]] = ("loaded", "autocast")
 GRADIENTS: Final[tuple[str, ...]] = ("set_to_none", "accumulate")
 LOAD_PATHS: Final[tuple[str, ...]] = ("device_map", "to_device")
+SDPA_BACKENDS: Final[tuple[str, ...]] = ("auto", "efficient")
 QUANTIZED: Final[tuple[str, ...]] = ("int8", "nf4")
 SHARDINGS: Final[tuple[str, ...]] = ("none", "zero1", "zero2", "zero3")
 ENGINES: Final[tuple[str, ...]] = ("torch", "deepspeed")
@@ -84,6 +86,9 @@ class Workload:
     load_path: LoadPath | None = None
     logits_held: bool = True  # the step's output (logits) stays referenced through backward
     padded: bool = False  # an attention mask with padding reaches the model (pad to longest)
+    # auto: torch picks sdpa's kernel; efficient: pinned to the memory-efficient one
+    # (sdpa_kernel(EFFICIENT_ATTENTION)), grouped K / V repeated to every head for it
+    sdpa_backend: SdpaBackend = "auto"
     # Distributed data parallelism (`ckpt_core._memory.sharding`); checked by `_check_distributed`.
     world_size: int = 1  # GPUs in the data-parallel group
     sharding: Sharding = "none"  # none: DDP (or one GPU); zero1/2/3: ZeRO stages, zero3 = FSDP
@@ -123,6 +128,7 @@ class Workload:
         _check_choice("kbit_preparation", self.kbit_preparation, KBIT_PREPARATIONS)
         _check_choice("compute", self.compute, COMPUTES)
         _check_choice("gradients", self.gradients, GRADIENTS)
+        _check_choice("sdpa_backend", self.sdpa_backend, SDPA_BACKENDS)
         if self.load_path is not None:
             _check_choice("load_path", self.load_path, LOAD_PATHS)
         if self.compute == "autocast" and self.dtype == "fp32":
