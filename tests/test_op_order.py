@@ -120,7 +120,7 @@ QWEN2_SLIDING = (("use_sliding_window", True), ("sliding_window", 512), ("max_wi
         Case("llama-3.2-1b", "full", "bf16", "sdpa", "medium", 2, 1024, overrides=OPT),
         Case("llama-3.2-1b", "lora", "bf16", "eager", "selective", 2, 1024, overrides=OPT),
         Case("llama-3.2-1b", "lora", "fp32", "sdpa", "off", 2, 1024),
-        Case("qwen2.5-0.5b", "full", "fp32", "sdpa", "selective", 2, 1024),
+        Case("qwen2.5-0.5b", "lora", "fp32", "sdpa", "medium", 2, 1024),
         Case("falcon-7b", "lora", "bf16", "sdpa", "full", 2, 1024),
         Case("falcon-7b", "lora", "bf16", "eager", "selective", 2, 1024, overrides=FALCON4),
         Case("falcon-7b", "lora", "bf16", "sdpa", "medium", 2, 1024, overrides=FALCON_NEW),
@@ -227,7 +227,9 @@ def test_models_replayed_as_themselves_take_their_band(
     verdicts take the replayed models' error band, not the wider one of a stand-in."""
     workload = parse_workload({"seq_len": 1024, "attention": attention})
     run = prepare(model_facts(model), workload)
-    kernel = "eager" if attention == "eager" else "fused"
+    # Falcon-7B's sdpa is the math backend, whose score-sized buffers take eager's band.
+    scores = attention == "eager" or model == {"preset": "falcon-7b"}
+    kernel = "eager" if scores else "fused"
     assert tight_band(run.facts.arch, run.step) == TIGHT_BANDS[kernel]
     assert TIGHT_BANDS["fused"] < CLOSED_FORM_BANDS["fused"]
 

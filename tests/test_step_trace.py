@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from ckpt_core._memory.allocator import MIB
+from ckpt_core._memory.autograd_sim import Sim
 from ckpt_core._memory.estimate import tier_memory
 from ckpt_core._memory.inputs import model_facts, parse_workload, prepare
 from ckpt_core._memory.peak import allocated_moments
@@ -99,7 +100,6 @@ def test_the_steps_output_keeps_what_it_keeps_on_meta(monkeypatch: pytest.Monkey
     from ckpt_core import install_checkpoint_hooks
     from ckpt_core._configs.model_config import build_meta_model, load_model_config
     from ckpt_core._configs.presets import load_preset
-    from ckpt_core._memory.autograd_sim import Sim
     from ckpt_core._memory.step_trace import _forward_backward
     from ckpt_core._meta.stand_ins import _sdpa_stand_in, no_data_dependent_mask_checks
 
@@ -156,15 +156,6 @@ def test_a_recompute_waits_for_the_first_unpack() -> None:
     fp32 gradient to the base result's bf16) run before, as on meta (llama-3.2-1b
     selective: the fp32 and bf16 gradients of o_proj's adapter sum, then the scaled
     one, then the recomputed q_proj).  Tensors of 2, 4 and 8 MiB tell the order."""
-    from ckpt_core._memory.allocator import CachingAllocator
-    from ckpt_core._memory.autograd_sim import Sim
-
-    sizes: list[int] = []
-
-    class Logged(CachingAllocator):
-        def malloc(self, size: int) -> tuple[int, int]:
-            sizes.append(size // MIB)
-            return super().malloc(size)
 
     def region(sim: Sim, x: int) -> int:
         base = sim.op([x], 2 * MIB, saves_other=True, matmul=True)  # bf16 x @ W
@@ -177,7 +168,7 @@ def test_a_recompute_waits_for_the_first_unpack() -> None:
         sim.drop(total)
         return out
 
-    sim = Sim(allocator=Logged())
+    sim, sizes = _logging_sim()
     x = sim.new(8 * MIB, grad=True)
     out = sim.checkpoint(region, x)
     loss = sim.op([out], 1)
@@ -193,7 +184,6 @@ def test_an_attribute_held_input_outlives_checkpointing() -> None:
     """bitsandbytes' int8 matmul keeps its input as ``ctx.tensors``, out of checkpoint's
     hooks: the checkpointed forward keeps it until that op's backward, where a saved
     input would be freed with the region's forward."""
-    from ckpt_core._memory.autograd_sim import Sim
 
     def region(sim: Sim, x: int, holds: bool) -> int:
         hidden = sim.op([x], 8 * MIB)
@@ -216,15 +206,9 @@ def test_an_attribute_held_input_outlives_checkpointing() -> None:
         assert sim.allocator.allocated == 0  # everything freed, the held input too
 
 
-@pytest.mark.parametrize("checkpointed", [False, True])
-def test_a_dropout_keeps_its_mask_until_its_backward(checkpointed: bool) -> None:
-    """CUDA's fused dropout allocates its output, then a bool mask that only its backward
-    reads (`Sim.op`'s ``saved_outputs``).  A checkpointed region ending in one stops its
-    recompute at that mask, after its output: the output goes with the early stop, and
-    nothing is freed twice or left behind.  Sizes in MiB tell the order."""
+def _logging_sim() -> tuple[Sim, list[int]]:
+    """A `Sim` whose allocator logs the MiB of each malloc in the list returned with it."""
     from ckpt_core._memory.allocator import CachingAllocator
-    from ckpt_core._memory.autograd_sim import Sim
-    from ckpt_core._memory.fused_trace import dropout
 
     sizes: list[int] = []
 
@@ -233,10 +217,21 @@ def test_a_dropout_keeps_its_mask_until_its_backward(checkpointed: bool) -> None
             sizes.append(size // MIB)
             return super().malloc(size)
 
+    return Sim(allocator=Logged()), sizes
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_a_dropout_keeps_its_mask_until_its_backward(checkpointed: bool) -> None:
+    """CUDA's fused dropout allocates its output, then a bool mask that only its backward
+    reads (`Sim.op`'s ``saved_outputs``).  A checkpointed region ending in one stops its
+    recompute at that mask, after its output: the output goes with the early stop, and
+    nothing is freed twice or left behind.  Sizes in MiB tell the order."""
+    from ckpt_core._memory.fused_trace import dropout
+
     def region(s: Sim, t: int) -> int:
         return dropout(s, t, 8 * MIB, 2 * MIB, 0.1)
 
-    sim = Sim(allocator=Logged())
+    sim, sizes = _logging_sim()
     x = sim.new(4 * MIB, grad=True)
     out = sim.checkpoint(region, x) if checkpointed else region(sim, x)
     assert sizes == [4, 8, 2]  # the output, then its mask
@@ -259,17 +254,7 @@ def test_an_in_place_op_allocates_nothing_and_its_backward_as_autograd_does(alia
     scores) allocate nothing and keep ``y``'s block; in backward the add hands the
     incoming gradient to both inputs as it is, the division makes a new one.  Sizes in
     MiB tell the order."""
-    from ckpt_core._memory.allocator import CachingAllocator
-    from ckpt_core._memory.autograd_sim import Sim
-
-    sizes: list[int] = []
-
-    class Logged(CachingAllocator):
-        def malloc(self, size: int) -> tuple[int, int]:
-            sizes.append(size // MIB)
-            return super().malloc(size)
-
-    sim = Sim(allocator=Logged())
+    sim, sizes = _logging_sim()
     x = sim.new(2 * MIB, grad=True)
     y = sim.op([x], 4 * MIB)  # its backward makes x's gradient
     result = sim.in_place(y, [x] if alias else [], alias=alias)
@@ -318,17 +303,7 @@ def test_a_promoted_products_input_gradient_is_made_in_fp32_then_cast() -> None:
     """`bf16 * fp32` (OLMo-2's RoPE against fp32 cos / sin) makes an fp32 product.  Its
     backward computes the bf16 input's gradient in fp32, and the engine casts it to
     bf16 (validate_outputs): both are allocated, in that order."""
-    from ckpt_core._memory.allocator import CachingAllocator
-    from ckpt_core._memory.autograd_sim import Sim
-
-    sizes: list[int] = []
-
-    class Logged(CachingAllocator):
-        def malloc(self, size: int) -> tuple[int, int]:
-            sizes.append(size // MIB)
-            return super().malloc(size)
-
-    sim = Sim(allocator=Logged())
+    sim, sizes = _logging_sim()
     x = sim.new(2 * MIB, grad=True)
     product = sim.op([x], 4 * MIB, saves_other=True, cast=True)
     loss = sim.op([product], 1)
@@ -419,7 +394,6 @@ def test_the_replay_loads_what_peft_holds(preset: str, targets: list[str]) -> No
 
     from ckpt_core._configs.model_config import build_meta_model, load_model_config
     from ckpt_core._configs.presets import load_preset
-    from ckpt_core._memory.autograd_sim import Sim
     from ckpt_core._memory.step_trace import _load
 
     model_input = {"config": {**load_preset(preset), "num_hidden_layers": 2}}
@@ -491,7 +465,6 @@ def test_the_replay_loads_the_vision_tower_and_trains_none_of_it(
     import torch
 
     from ckpt_core._configs.model_config import build_meta_model, load_model_config
-    from ckpt_core._memory.autograd_sim import Sim
     from ckpt_core._memory.step_trace import _load
 
     model = build_meta_model(load_model_config(model_input), attention="sdpa").to(torch.bfloat16)
@@ -512,7 +485,6 @@ def test_a_device_map_load_puts_the_whole_model_in_its_warm_up_block() -> None:
     """``from_pretrained`` with a device map reserves the model's size (vision tower
     included) in one block and loads every large tensor into it: gemma-3-4b's load
     reserves that one segment, where moved with ``.to()`` each tensor takes its own."""
-    from ckpt_core._memory.autograd_sim import Sim
     from ckpt_core._memory.step_trace import _load
 
     segments: dict[str, list[int]] = {}

@@ -93,15 +93,18 @@ def math_attention(
     backward sums it), else ``matmul`` repeats them (`bmm_operand`); k^T is scaled; the
     bmm keeps both operands.  The mask is added in place; ``_safe_softmax`` makes the
     softmax, a -inf test and the ``where`` it returns (kept); the weights it returns
-    beside the output are cast to the dtype and dropped; the output is cast back."""
+    beside the output are cast to the dtype and dropped; the output is cast back (an
+    fp32 step casts nothing)."""
     tokens, act, batch, seq = recipe.batch * recipe.seq, recipe.act, recipe.batch, recipe.seq
     q_bytes, kv_bytes = (4 * tokens * n * arch.head_dim for n in (arch.heads, arch.kv_heads))
     scores = batch * arch.heads * seq * seq
     bias = []
     if mask is not None:  # `where(mask.logical_not(), -inf, 0)`
         bias.append(sim.op([mask], act * batch * seq * seq, temps=[batch * seq * seq]))
+    cast = act != 4  # `.to(float)` and `.to(origin_dtype)` copy only half precision
     query_f, key_f, value_f = (
-        sim.op([x], n) for x, n in ((query, q_bytes), (key, kv_bytes), (value, kv_bytes))
+        sim.op([x], n) if cast else x
+        for x, n in ((query, q_bytes), (key, kv_bytes), (value, kv_bytes))
     )
     scaled_q = sim.op([query_f], q_bytes)
     if mask is None:  # is_causal: `ones(L, S).tril()`, then the float mask
@@ -110,11 +113,12 @@ def math_attention(
         sim.drop(ones)
         bias.append(sim.op([lower], 4 * seq * seq, temps=[seq * seq]))
         sim.drop(lower)
-    upcast = (key_f, value_f)  # locals to the return, as the repeated ones are
+    made = [query_f, key_f, value_f] if cast else []  # locals to the return, as repeats are
     # pre_process_group_query_attention_input: copies, per head, that bmm reads as views
     grouped = recipe.gqa == "math" and not arch.sdpa_math
     if grouped:
         key_f, value_f = sim.op([key_f], q_bytes), sim.op([value_f], q_bytes)
+        made += [key_f, value_f]
     scaled_k = sim.op([key_f], sim.size(key_f))  # k^T * sqrt(scale)
     query_m = bmm_operand(sim, scaled_q, q_bytes, batch)
     key_m = scaled_k if grouped else bmm_operand(sim, scaled_k, q_bytes, batch)
@@ -129,13 +133,14 @@ def math_attention(
     if dropped != probs:
         sim.drop(probs)
         probs = dropped
-    weights = sim.new(act * scores)  # returned beside the output in the dtype: sdpa drops it
+    if cast:  # the weights, returned beside the output in the dtype: sdpa drops them
+        made.append(sim.new(act * scores))
     value_m = value_f if grouped else bmm_operand(sim, value_f, q_bytes, batch)
     out_f = sim.op([probs, value_m], q_bytes, save=[probs, value_m], matmul=True)
     if value_m != value_f:
         sim.drop(value_m)
-    out = sim.op([out_f], act * tokens * arch.heads * arch.head_dim)
-    sim.drop(out_f, probs, scaled_q, query_f, *{*upcast, key_f, value_f}, weights, *bias)
+    out = sim.op([out_f], act * tokens * arch.heads * arch.head_dim) if cast else out_f
+    sim.drop(*{out_f, out} - {out}, probs, scaled_q, *made, *bias)
     flat = sim.op([out], sim.size(out), alias=True)  # transpose(1, 2).contiguous()
     sim.drop(out)
     return flat
