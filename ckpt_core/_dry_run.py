@@ -22,6 +22,7 @@ from ckpt_core._configs.model_config import build_meta_model, count_parameters, 
 from ckpt_core._errors import InvalidWorkloadError
 from ckpt_core._memory.families import MODEL_TYPE_FAMILIES
 from ckpt_core._plan import make_plan
+from ckpt_core._planning.gpus import lookup_gpu
 from ckpt_core._planning.tiers import PlanGranularity, Tier
 from ckpt_core._planning.workload import Workload
 
@@ -105,6 +106,7 @@ def dry_run(
     started = time.perf_counter()
     # tier, GPU and version are checked before the model is loaded
     plan = make_plan(tier, gpu_memory_gb, gpu=gpu, transformers_version=transformers_version)
+    gpu_name = lookup_gpu(gpu).name if gpu is not None else None
     shape = measure_shape(measure)
     cfg = load_model_config(model, limits=limits)
     # auto with a shape chooses by the model as make_plan does, where the estimate
@@ -130,7 +132,7 @@ def dry_run(
     blocks, modules = _cover(built, plan.granularity, plan.block_plan)
     per_gpu = measure is not None and any(name in measure for name in _DISTRIBUTED_FIELDS)
     measured = (
-        _measure(built, plan.granularity, shape, plan.block_plan, per_gpu=per_gpu)
+        _measure(built, plan.granularity, shape, plan.block_plan, per_gpu=per_gpu, gpu=gpu_name)
         if shape
         else None
     )
@@ -198,8 +200,10 @@ def _measure(
     block_plan: dict[str, Any] | None,
     *,
     per_gpu: bool,
+    gpu: str | None,
 ) -> dict[str, Any]:
-    """Activation bytes of ``model`` for ``shape``, by the meta-device measurement.
+    """Activation bytes of ``model`` for ``shape``, by the meta-device measurement on
+    ``gpu`` (a GPU-table name, or None).
 
     The model already carries the hooks of ``granularity``; the measurement
     uses them as they are.
@@ -211,7 +215,7 @@ def _measure(
     activation = {k: v for k, v in requested.items() if k in _ACTIVATION_FIELDS}
     with _as_measure_errors():  # e.g. seq_len beyond GPT-2's learned positions
         activation_bytes = measure_activation_bytes(
-            model, granularity, block_plan=block_plan, **activation
+            model, granularity, block_plan=block_plan, gpu=gpu, **activation
         )
     measured = {"activation_bytes": int(activation_bytes), **requested}
     if per_gpu:

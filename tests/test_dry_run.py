@@ -19,6 +19,8 @@ from ckpt_core._configs.config_json import ConfigLimits
 from ckpt_core._configs.model_config import build_meta_model, count_parameters, load_model_config
 from ckpt_core._configs.presets import list_presets, load_preset
 from ckpt_core._dry_run import DryRunReport, dry_run
+from ckpt_core._memory.activations import activation_bytes
+from ckpt_core._memory.inputs import model_facts, parse_workload, prepare
 
 # A dense decoder, an MoE, an encoder-decoder and a vision + language model.
 PRESETS = ("llama-3.2-1b", "qwen3-30b-a3b", "t5-base", "gemma-3-4b")
@@ -245,6 +247,24 @@ def test_measured_full_keeps_less_than_off() -> None:
     assert off is not None and full is not None
     assert 0 < full["activation_bytes"] < off["activation_bytes"]
     assert (full["seq_len"], full["micro_batch_size"]) == (64, 1)
+
+
+def test_a_gpu_without_flash_measures_grouped_heads_as_the_math_backend() -> None:
+    """On a T4 sdpa has no kernel that takes llama-3.2-1b's grouped heads in bf16: the
+    measurement runs the math backend (fp32 softmax kept per layer), as the estimate for
+    that GPU counts it; on an L4 flash takes them.  Tiers by the name's own memory."""
+    shape = {"seq_len": 512}
+    kept = {
+        gpu: dry_run({"preset": "llama-3.2-1b"}, "off", gpu=gpu, measure=shape).measured
+        for gpu in ("T4", "L4")
+    }
+    assert kept["T4"] is not None and kept["L4"] is not None
+    softmax = 4 * 32 * 512 * 512  # fp32, heads x seq x seq, per layer
+    assert kept["T4"]["activation_bytes"] - kept["L4"]["activation_bytes"] >= 16 * softmax
+    run = prepare(model_facts({"preset": "llama-3.2-1b"}), parse_workload(shape), "T4")
+    assert activation_bytes(run.facts.arch, run.step, "off") == pytest.approx(
+        kept["T4"]["activation_bytes"], abs=32 * run.facts.arch.layers
+    )
 
 
 def test_a_measurement_beyond_learned_positions_names_the_measure_field() -> None:

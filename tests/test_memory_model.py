@@ -317,10 +317,9 @@ def test_sdpa_runs_grouped_heads_as_the_gpu_and_dtype_allow(
 
 
 def test_the_gpus_without_flash_are_in_the_gpu_table() -> None:
-    from ckpt_core._memory.attention import NO_FLASH_GPUS
-    from ckpt_core._planning.gpus import GPUS
+    from ckpt_core._planning.gpus import GPUS, NO_FLASH_SDPA
 
-    assert {spec.name for spec in GPUS} > NO_FLASH_GPUS
+    assert {spec.name for spec in GPUS} > NO_FLASH_SDPA
 
 
 def test_a_t4_estimate_of_grouped_heads_counts_the_math_backend() -> None:

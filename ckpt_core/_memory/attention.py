@@ -15,6 +15,7 @@ from typing import Final
 
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.ledger import GLOBAL, Ledger, Step, dropout
+from ckpt_core._planning.gpus import flash_sdpa
 
 
 def mask_kind(arch: Arch, step: Step, sliding: bool, *, sdpa_always: bool = False) -> str | None:
@@ -148,11 +149,6 @@ def attention_core(
     return "attn.o_in"
 
 
-# GPU-table names (`ckpt_core._planning.gpus`) below compute capability 8.0, where PyTorch
-# has no flash kernel (sdp_utils.cpp ``check_flash_attention_hardware_support``).
-NO_FLASH_GPUS: Final = frozenset(
-    {"T4", "V100-16GB", "V100-32GB", "P100-16GB", "P40", "RTX 2080 Ti", "Quadro RTX 8000"}
-)
 HEAD_DIM_GQA: Final = 256  # transformers' use_gqa_in_sdpa: larger heads are repeated
 
 
@@ -171,7 +167,7 @@ def gqa_kind(arch: Arch, kernel: str, backend: str, query_bytes: int, gpu: str |
         return "native"
     if backend == "efficient":
         return "repeated"
-    no_flash = query_bytes == 4 or gpu in NO_FLASH_GPUS
+    no_flash = query_bytes == 4 or not flash_sdpa(gpu)
     return "math" if no_flash and max(arch.head_dim, arch.value_dim) <= HEAD_DIM_GQA else "native"
 
 

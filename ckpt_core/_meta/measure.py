@@ -43,6 +43,7 @@ from ckpt_core._meta.stand_ins import (
     no_data_dependent_mask_checks,
     register_flash_stand_in,
 )
+from ckpt_core._planning.gpus import flash_sdpa
 from ckpt_core._planning.tiers import CONCRETE_TIERS
 from ckpt_core._planning.workload import Workload
 
@@ -64,6 +65,7 @@ def measure_activation_bytes(
     attention: str = "sdpa",
     padded: bool = False,
     block_plan: Any = None,
+    gpu: str | None = None,
 ) -> int:
     """Bytes autograd keeps at the end of one training forward of ``model``.
 
@@ -77,7 +79,9 @@ def measure_activation_bytes(
     ``eager``; an architecture without sdpa support runs eager, as
     transformers would.  ``padded``: the batch comes with an attention mask
     with padding (the last token of the first row), so transformers builds the
-    masks a padded batch gets.  Raises `InvalidWorkloadError` for bad sizes,
+    masks a padded batch gets.  ``gpu``: the GPU-table name of the GPU it models; one
+    without sdpa's flash kernel (compute capability below 8.0) runs grouped heads with
+    the math backend (None: one that has it).  Raises `InvalidWorkloadError` for bad sizes,
     `InvalidGranularityError` for a bad granularity or a model hooked for
     another one, `CheckpointConflictError` when HF's checkpointing is on.
     """
@@ -103,7 +107,8 @@ def measure_activation_bytes(
         stack.enter_context(_training(model))
         if on_meta:
             stack.enter_context(no_data_dependent_mask_checks(padded=workload.padded))
-            stack.enter_context(meta_kernels(flash=effective == "flash_attention_2"))
+            flash = effective == "flash_attention_2"
+            stack.enter_context(meta_kernels(flash=flash, flash_gqa=flash_sdpa(gpu)))
         return _kept_bytes(model, workload)
 
 

@@ -161,7 +161,7 @@ def _fused_attention_class(*, flash: bool = False) -> type:
     return FusedAttention
 
 
-def _sdpa_stand_in(flash: bool) -> Any:
+def _sdpa_stand_in(flash: bool, flash_gqa: bool = True) -> Any:
     """A replacement for ``F.scaled_dot_product_attention`` on meta tensors."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -172,7 +172,7 @@ def _sdpa_stand_in(flash: bool) -> Any:
     def sdpa(
         query: Any, key: Any, value: Any, attn_mask: Any = None, *args: Any, **kwargs: Any
     ) -> Any:
-        if not flash and _math_kernel(query, key, kwargs.get("enable_gqa", False)):
+        if not flash and _math_kernel(query, key, kwargs.get("enable_gqa", False), flash_gqa):
             token = _IN_MATH.set(True)
             try:
                 with sdpa_kernel(SDPBackend.MATH):
@@ -191,18 +191,18 @@ def _sdpa_stand_in(flash: bool) -> Any:
     return sdpa
 
 
-def _math_kernel(query: Any, key: Any, enable_gqa: bool) -> bool:
+def _math_kernel(query: Any, key: Any, enable_gqa: bool, flash_gqa: bool) -> bool:
     """Whether CUDA runs sdpa's math backend: the fused kernels need as many key as query
     heads unless ``enable_gqa`` (``sdp_utils.cpp``, ``check_batch_size_and_num_heads_dense``),
-    which only flash takes, in fp16 / bf16 (and from compute capability 8.0, which meta
-    does not know).  Falcon's multi-query attention passes one key head without it;
-    transformers passes grouped heads with it, fp32 ones in a step that is fp32 or after
-    PEFT's kbit preparation."""
+    which only flash takes, in fp16 / bf16, on a GPU that has it (``flash_gqa``).
+    Falcon's multi-query attention passes one key head without it; transformers passes
+    grouped heads with it, fp32 ones in a step that is fp32 or after PEFT's kbit
+    preparation."""
     import torch
 
     if query.shape[-3] == key.shape[-3]:
         return False
-    return not enable_gqa or query.dtype == torch.float32
+    return not enable_gqa or not flash_gqa or query.dtype == torch.float32
 
 
 def math_backend_running() -> bool:
@@ -214,13 +214,14 @@ def math_backend_running() -> bool:
 
 
 @contextlib.contextmanager
-def meta_kernels(*, flash: bool) -> Iterator[None]:
-    """Within this thread: fused attention and CUDA-style dropout for meta tensors."""
+def meta_kernels(*, flash: bool, flash_gqa: bool = True) -> Iterator[None]:
+    """Within this thread: fused attention and CUDA-style dropout for meta tensors
+    (``flash_gqa``: the GPU has sdpa's flash kernel, the one that takes grouped heads)."""
     import torch
     import torch.nn.functional as F  # noqa: N812
     from torch.overrides import TorchFunctionMode
 
-    sdpa = _sdpa_stand_in(flash)
+    sdpa = _sdpa_stand_in(flash, flash_gqa)
     grouped_mm = {getattr(F, "grouped_mm", None), getattr(torch, "_grouped_mm", None)} - {None}
 
     class MetaKernels(TorchFunctionMode):

@@ -252,6 +252,19 @@ GPUS: Final[tuple[GpuSpec, ...]] = (
 )
 
 
+# Below compute capability 8.0, where PyTorch has no flash attention kernel
+# (``check_flash_attention_hardware_support`` in aten's sdp_utils.cpp).
+NO_FLASH_SDPA: Final = frozenset(
+    {"T4", "V100-16GB", "V100-32GB", "P100-16GB", "P40", "RTX 2080 Ti", "Quadro RTX 8000"}
+)
+
+
+def flash_sdpa(gpu: str | None) -> bool:
+    """Whether sdpa's flash kernel runs on ``gpu`` (a table name; None, a GPU not named,
+    is taken to be one that has it)."""
+    return gpu not in NO_FLASH_SDPA
+
+
 def _key(name: str) -> str:
     """Normalise a GPU name: case, spaces, dashes, vendor prefixes do not matter."""
     key = re.sub(r"[^a-z0-9]", "", name.casefold())
