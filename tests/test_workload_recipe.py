@@ -188,6 +188,22 @@ def test_sdpas_math_backend_takes_eagers_band() -> None:
     assert estimate_tiers(lora, None)["assumptions"]["tight_band"] == 0.06
 
 
+@pytest.mark.parametrize(("seq_len", "band"), [(256, 0.16), (1024, 0.06)])
+def test_a_model_whose_layers_all_slide_runs_the_math_backend_below_its_window(
+    seq_len: int, band: float
+) -> None:
+    """Mistral with a 512-token window, fp32: below the window no layer gets a mask, so
+    its grouped heads run sdpa's math backend and take eager's band; from the window on
+    every layer gets one, K and V are repeated, a fused kernel runs: sdpa's band."""
+    from ckpt_core._configs.presets import load_preset
+    from ckpt_core._memory.advise import estimate_tiers
+
+    config = {**load_preset("mistral-7b-v0.3"), "sliding_window": 512}
+    workload = parse_workload({"seq_len": seq_len, "dtype": "fp32"})
+    run = prepare(model_facts({"config": config}), workload)
+    assert estimate_tiers(run, None)["assumptions"]["tight_band"] == band
+
+
 def _optimizer_step_allocations(**kind: bool) -> list[int]:
     """Bytes of each CPU allocation torch's AdamW makes in its second step (the states exist)."""
     from torch.profiler import ProfilerActivity, profile

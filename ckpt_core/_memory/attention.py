@@ -179,10 +179,13 @@ def math_kernel(arch: Arch, attention: str, gqa: str, masked: bool) -> bool:
 
 
 def any_math_kernel(arch: Arch, step: Step) -> bool:
-    """Whether some layer's sdpa runs torch's math backend: a full-attention layer's,
-    the one a grouped model leaves unmasked first."""
-    masked = mask_kind(arch, step, sliding=False) is not None
-    return math_kernel(arch, step.attention, step.gqa, masked)
+    """Whether some layer's sdpa runs torch's math backend, by the mask its kind of layer
+    (full attention, sliding window) gets."""
+    kinds = set(arch.sliding_layers) or {False}
+    return any(
+        math_kernel(arch, step.attention, step.gqa, mask_kind(arch, step, sliding) is not None)
+        for sliding in kinds
+    )
 
 
 def _math_attention(led: Ledger, arch: Arch, step: Step) -> str:
