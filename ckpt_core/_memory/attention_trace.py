@@ -139,8 +139,11 @@ def math_attention(
     out_f = sim.op([probs, value_m], q_bytes, save=[probs, value_m], matmul=True)
     if value_m != value_f:
         sim.drop(value_m)
-    out = sim.op([out_f], act * tokens * arch.heads * arch.head_dim) if cast else out_f
-    sim.drop(*{out_f, out} - {out}, probs, scaled_q, *made, *bias)
+    out = out_f
+    if cast:
+        out = sim.op([out_f], act * tokens * arch.heads * arch.head_dim)
+        sim.drop(out_f)
+    sim.drop(probs, scaled_q, *made, *bias)
     flat = sim.op([out], sim.size(out), alias=True)  # transpose(1, 2).contiguous()
     sim.drop(out)
     return flat

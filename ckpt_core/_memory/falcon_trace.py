@@ -84,12 +84,11 @@ def _attention(
     query_r, key_r = (rope(sim, t, sim.size(t)) for t in (query, key))
     sim.drop(query, key)
     if recipe.attention == "eager":
-        weights = _eager(sim, query_r, key_r, value, arch=arch, recipe=recipe, mask=mask)
-        attn = weights[0]
+        attn, weights = _eager(sim, query_r, key_r, value, arch=arch, recipe=recipe, mask=mask)
         if held is None:
-            sim.drop(weights[1])
+            sim.drop(weights)
         else:
-            held.append(weights[1])
+            held.append(weights)
         out = linear(sim, attn, DENSE, (h, h), recipe)
         sim.drop(attn)
     else:
@@ -170,10 +169,9 @@ def _layer(
     sim.drop(*{attn_in, mlp_in, total, dropped}, attn)  # the layer's locals
     if residual != x:
         sim.drop(residual)
-    # It returns `(output, attn_weights)`: the model's loop frees the last block's tuple.
-    if sim.recomputing:
-        sim.drop(*weights)
-    else:
+    # It returns `(output, attn_weights)`: the model's loop frees the last block's tuple
+    # (a recompute's weights died in the attention).
+    if not sim.recomputing:
         sim.drop(*inputs.returned)
         inputs.returned[:] = weights
     return out
