@@ -128,26 +128,43 @@ class _Log(TorchDispatchMode):
         super().__init__()
         self.events, self.known = events, known
         self.live: dict[int, Any] = {}
-        self.in_place: dict[int, int] = {}  # an output storage -> the block it was added into
+        # An output storage -> the block it was added into: its key, and its storage, held
+        # so that no new storage reuses the key before the block's free.
+        self.in_place: dict[int, tuple[int, Any]] = {}
+        self.in_backward = False  # within `run_backward`
 
     def poll(self) -> None:
         for key in [k for k, ref in self.live.items() if ref.expired()]:
             del self.live[key]
-            self.events.append(("free", self.in_place.pop(key, key), 0, ""))
+            self.events.append(("free", self.in_place.pop(key, (key,))[0], 0, ""))
+
+    def run_backward(self, loss: Any) -> None:
+        """``loss.backward()``, its gradient sums told apart from the forward's adds."""
+        self.in_backward = True
+        try:
+            loss.backward()
+        finally:
+            self.in_backward = False
+        self.poll()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
         self.poll()
         out = func(*args, **(kwargs or {}))
         events, known = self.events, self.known
-        if func is torch.ops.aten.add.Tensor and math_backend_running():
-            # CUDA's math backend adds the mask into the scores in place: the sum keeps
-            # their block, whose free waits for the sum's.
-            scores = args[0].untyped_storage()._cdata
-            if scores in self.live:
+        # CUDA's math backend adds the mask into the scores in place; autograd's engine
+        # sums a second gradient into the first in place (``InputBuffer::accumulate``),
+        # except under a dispatch mode, as here.  The sum keeps the first's block, whose
+        # free waits for the sum's.
+        if func is torch.ops.aten.add.Tensor and (
+            math_backend_running() or (self.in_backward and _accumulates(args, kwargs))
+        ):
+            first = args[0].untyped_storage()
+            if first._cdata in self.live:
                 total = out.untyped_storage()
-                del self.live[scores]
+                del self.live[first._cdata]
                 self.live[total._cdata] = StorageWeakRef(total)
-                self.in_place[total._cdata] = self.in_place.pop(scores, scores)
+                block = self.in_place.pop(first._cdata, (first._cdata, first))
+                self.in_place[total._cdata] = block
                 return out
         made = kernel_buffers_before(func, args, kwargs or {}, events)
         for tensor in tree_flatten(out)[0]:
@@ -163,6 +180,22 @@ class _Log(TorchDispatchMode):
         events.extend(("free", key, 0, "") for key in made)
         kernel_buffers_after(func, args, events)
         return out
+
+
+def _accumulates(args: Any, kwargs: dict[str, Any] | None) -> bool:
+    """Whether a backward's ``add`` is the engine summing two gradients of one tensor:
+    outside grad mode (a recompute's forward runs in it), two dense tensors of one
+    layout, no ``alpha``."""
+    if torch.is_grad_enabled() or kwargs or len(args) != 2:
+        return False
+    first, second = args
+    return (
+        isinstance(second, torch.Tensor)
+        and first.shape == second.shape
+        and first.dtype == second.dtype
+        and first.stride() == second.stride()
+        and first.is_contiguous()
+    )
 
 
 def _model(case: Case) -> Any:
@@ -233,7 +266,9 @@ def _register(tensor: Any, events: list[Event], known: dict[int, Any]) -> None:
 
 def _record_load(model: Any, quantized: bool, events: list[Event], known: dict[int, Any]) -> None:
     """The load as the estimate replays it: each quantized weight from a compute-dtype
-    copy, kbit preparation's fp32 copy of every other parameter, the adapters last."""
+    copy; once all is loaded, kbit preparation's fp32 copy of every other parameter (a
+    tied one once), each freeing its loaded copy; the adapters last."""
+    loaded: dict[int, tuple[Event, Any]] = {}  # a prepared parameter's storage -> its copy
     for name, module in model.named_modules():
         for pname, param in module.named_parameters(recurse=False):
             if "lora_" in name:
@@ -255,14 +290,18 @@ def _record_load(model: Any, quantized: bool, events: list[Event], known: dict[i
                     _register(tensor, events, known)
                 events.append(("free", copy, 0, ""))
             elif quantized and param.dtype == torch.float32:
-                half = ("half", name, pname)
-                events.append(("malloc", half, param.numel() * 2, "load"))
-                _register(param, events, known)
-                events.append(("free", half, 0, ""))
+                key = param.untyped_storage()._cdata
+                if key not in loaded:
+                    half = ("malloc", ("half", name, pname), param.numel() * 2, "load")
+                    events.append(half)
+                    loaded[key] = half, param
             else:
                 _register(param, events, known)
         for buffer in module.buffers(recurse=False):
             _register(buffer, events, known)
+    for (_, half, _, _), param in loaded.values():
+        _register(param, events, known)
+        events.append(("free", half, 0, ""))
     for name, param in model.named_parameters():
         if "lora_" in name:
             _register(param, events, known)
@@ -330,8 +369,7 @@ def _record_steps(model: Any, case: Case, events: list[Event], known: dict[int, 
                 with log:
                     out = model(**inputs)
                     events.append(("mark", "loss", 0, ""))
-                    out.loss.backward()
-                    log.poll()
+                    log.run_backward(out.loss)
                 # AdamW skips a parameter without a gradient (one the forward never ran).
                 stepped = [param for param in trainable if param.grad is not None]
                 if step == 0:
