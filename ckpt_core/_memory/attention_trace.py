@@ -198,16 +198,23 @@ def eager_attention(
     tokens, act, batch, seq = recipe.batch * recipe.seq, recipe.act, recipe.batch, recipe.seq
     q = arch.heads * arch.head_dim
     scores = batch * arch.heads * seq * seq
-    grouped = arch.kv_heads < arch.heads
-    # repeat_kv: expand + reshape copies grouped K and V to every head.
+    # repeat_kv: expand + reshape copies grouped K and V to every head; one kv head's
+    # expand reshapes to a view of stride 0 over the heads, no copy.
+    grouped = 1 < arch.kv_heads < arch.heads
     key_f = sim.op([key], act * tokens * q) if grouped else key
     value_f = sim.op([value], act * tokens * q) if grouped else value
     # torch.matmul folds 4-D operands to bmm by reshape, which copies an operand whose
     # (batch, heads) dims cannot merge: RoPE keeps q / k in the projection's (B, S, H, D)
-    # layout, as is an unrepeated V (a transposed view); with batch 1 they merge.
+    # layout, as is an unrepeated V (a transposed view), and one kv head repeated has
+    # stride 0 over the heads; with batch 1 they merge.
+    # One kv head's gradient is made per head, then summed over them (ExpandBackward):
+    # from its copy, or with batch 1 from the bmm's per-head gradient.
+    expanded = arch.kv_heads == 1 < arch.heads
+    per_head = [act * tokens * q] if expanded and batch == 1 else []
     query_c = sim.op([query], act * tokens * q, alias=True) if batch > 1 else query
-    key_c = sim.op([key_f], act * tokens * q, alias=True) if batch > 1 and not grouped else key_f
-    raw = sim.op([query_c, key_c], act * scores, save=[query_c, key_c])
+    copied = batch > 1 and not grouped
+    key_c = sim.op([key_f], act * tokens * q, alias=not expanded) if copied else key_f
+    raw = sim.op([query_c, key_c], act * scores, save=[query_c, key_c], backward_temps=per_head)
     if query_c != query:
         sim.drop(query_c)
     if key_c != key_f:
@@ -238,9 +245,8 @@ def eager_attention(
     if dropped != probs:  # `attn_weights = dropout(attn_weights, ...)`
         sim.drop(probs)
         probs = dropped
-    copied = batch > 1 and not grouped
-    value_c = sim.op([value_f], act * tokens * q, alias=True) if copied else value_f
-    out = sim.op([probs, value_c], act * tokens * q, save=[probs, value_c])
+    value_c = sim.op([value_f], act * tokens * q, alias=not expanded) if copied else value_f
+    out = sim.op([probs, value_c], act * tokens * q, save=[probs, value_c], backward_temps=per_head)
     if value_c != value_f:
         sim.drop(value_c)
     flat = sim.op([out], act * tokens * q, alias=True)  # transpose(1, 2).contiguous()

@@ -405,6 +405,10 @@ class Sim:
 
     def _backward_op(self, node: _Op, grads: dict[int, int]) -> None:
         incoming = [grads.pop(t) for t in node.outputs if t in grads]
+        # A second gradient of a tensor is summed into the first in place, and freed,
+        # once the function has returned and released its saved tensors
+        # (torch/csrc/autograd/engine.cpp evaluate_function, InputBuffer::add).
+        summed: list[int] = []
         if incoming:
             held = [self.new(size) for size in node.temporaries]
             weight_grad = None
@@ -429,8 +433,8 @@ class Sim:
                     self.drop(wide)
                 else:
                     fresh = self.new(size)
-                if tid in grads:  # accumulate into the existing gradient
-                    self.drop(fresh)
+                if tid in grads:
+                    summed.append(fresh)
                 else:
                     grads[tid] = fresh
             if node.matmul and self.blas_workspace:
@@ -446,10 +450,11 @@ class Sim:
                 # incoming gradient (torch/autograd/engine.cpp call_function).
                 self.drop(*node.saved, *incoming, *node.releases)
                 self._settle(node, weight_grad)
+                self.drop(*summed)
                 return
             self.drop(*incoming)
             self._settle(node, weight_grad)
-        self.drop(*node.saved, *node.releases)
+        self.drop(*node.saved, *node.releases, *summed)
 
     def _settle(self, node: _Op, grad: int | None) -> None:
         """What AccumulateGrad does with a weight's gradient, right after the backward

@@ -31,14 +31,20 @@ def rms_normalized(sim: Sim, x: int, rows: int, width: int, *, dtype: int) -> in
     """What every RMSNorm here computes first: ``x.float()`` (``dtype``: x's bytes per
     element; an fp32 input is not copied), ``pow(2).mean(-1)``, ``rsqrt(... + eps)``,
     then ``x * rstd``, in fp32; returns the normalized value.  The upcast dies as the
-    name holding it is rebound to the product (saved for backward meanwhile)."""
-    upcast = sim.op([x], 4 * rows * width) if dtype != 4 else x
-    square = sim.op([upcast], 4 * rows * width, save=[upcast])
+    name holding it is rebound to the product (saved for backward meanwhile).
+
+    The backward's full-width temporaries: PowBackward0's ``grad * (2 * x.pow(1))``
+    makes two before its gradient; MulBackward0 computes rstd's gradient as
+    ``grad * x`` at full width, summed down to rstd's shape by the engine after both
+    gradients are made (``validate_outputs``)."""
+    full = 4 * rows * width
+    upcast = sim.op([x], full) if dtype != 4 else x
+    square = sim.op([upcast], full, save=[upcast], backward_temps=[full, full])
     mean = sim.op([square], 4 * rows)
     sim.drop(square)
     rstd = sim.op([mean], 4 * rows, save_out=True)
     sim.drop(mean)
-    normed = sim.op([upcast, rstd], 4 * rows * width, save=[upcast, rstd])
+    normed = sim.op([upcast, rstd], full, save=[upcast, rstd], backward_temps=[full])
     sim.drop(rstd)
     if upcast != x:
         sim.drop(upcast)
@@ -55,8 +61,14 @@ def norm(
     normed = rms_normalized(sim, x, rows, width, dtype=dtype)
     cast = sim.op([normed], dtype * rows * width) if dtype != 4 else normed
     out_bytes = max(recipe.kept if recipe.quantized else recipe.weights, dtype)
+    # A trained weight's gradient is ``grad * x`` at full width, summed to its shape.
+    trained = [out_bytes * rows * width] if recipe.full else []
     out = sim.op(
-        [cast], out_bytes * rows * width, save=[cast] if recipe.full else [], saves_other=True
+        [cast],
+        out_bytes * rows * width,
+        save=[cast] if recipe.full else [],
+        saves_other=True,
+        backward_scratch=trained,
     )
     # `return self.weight * hidden_states.to(input_dtype)`: the cast dies after the
     # product, the fp32 normalized tensor (a local) on return.

@@ -33,8 +33,9 @@ CLOSED_FORM_BANDS: Final[dict[str, float]] = {"eager": 0.16, "fused": 0.09, "fla
 
 def tight_band(arch: Arch, step: Step) -> float:
     """The error band of this model's estimate with the step's attention kernel.  sdpa's
-    math backend keeps score-sized buffers as eager does, and takes eager's band: against
-    the real op order its pool is up to 10.4% low (QLoRA, medium; docs/memory-model.md)."""
+    math backend keeps score-sized buffers as eager does, whose segments one op order
+    strands and a close one does not, and takes eager's band; no GPU row measures it
+    (docs/memory-model.md)."""
     bands = TIGHT_BANDS if family_of(arch).replayed_exactly(arch) else CLOSED_FORM_BANDS
     kernel = "eager" if any_math_kernel(arch, step) else step.attention
     return bands[kernel]
