@@ -183,14 +183,17 @@ class _Log(TorchDispatchMode):
 
 
 def _accumulates(args: Any, kwargs: dict[str, Any] | None) -> bool:
-    """Whether a backward's ``add`` is the engine summing two gradients of one tensor:
-    outside grad mode (a recompute's forward runs in it), two dense tensors of one
-    layout, no ``alpha``."""
+    """Whether a backward's ``add`` is the engine summing a second gradient into the
+    first in place: outside grad mode (a recompute's forward runs in it), two dense
+    tensors of one layout, no ``alpha``, and a first that holds its storage alone
+    (``can_accumulate_inplace``): not a view, as a linear's input gradient is (the
+    reshape's backward) and a tied weight's LM-head gradient (the transpose's)."""
     if torch.is_grad_enabled() or kwargs or len(args) != 2:
         return False
     first, second = args
     return (
         isinstance(second, torch.Tensor)
+        and first._base is None
         and first.shape == second.shape
         and first.dtype == second.dtype
         and first.stride() == second.stride()

@@ -53,14 +53,6 @@ FALCON_NEW = (
     ("num_hidden_layers", 4),
 )
 FALCON_MHA = (("multi_query", False), ("num_hidden_layers", 4))
-# A full fine-tune of a tied model whose pool the recording puts one vocabulary-sized
-# segment lower: it sums the tied weight's two gradients in place (a backward add of two
-# dense gradients of one layout), where torch sums them out of place, as a CPU profile
-# shows (test_workload_recipe.test_accumulated_gradients_are_new_tensors_added_in_place)
-# and the replay does: the estimate is 3.4% / 5.5% above the recorded pool.
-TIED_SUM = pytest.mark.xfail(
-    strict=True, reason="the recording sums a tied weight's gradients in place; torch does not"
-)
 # Qwen2 with use_sliding_window: layers from max_window_layers on slide, the others do not.
 QWEN2_SLIDING = (("use_sliding_window", True), ("sliding_window", 512), ("max_window_layers", 12))
 
@@ -69,12 +61,10 @@ QWEN2_SLIDING = (("use_sliding_window", True), ("sliding_window", 512), ("max_wi
     "case",
     [
         Case("llama-3.2-1b", "lora", "bf16", "sdpa", "off", 1, 512),
-        pytest.param(
-            Case("llama-3.2-1b", "full", "bf16", "eager", "selective", 1, 512), marks=TIED_SUM
-        ),
+        Case("llama-3.2-1b", "full", "bf16", "eager", "selective", 1, 512),
         Case("qwen3-8b", "lora", "bf16", "sdpa", "medium", 1, 512),
         Case("phi-3-mini", "lora", "bf16", "sdpa", "off", 1, 2048),
-        pytest.param(Case("gemma-3-1b", "full", "bf16", "sdpa", "full", 1, 512), marks=TIED_SUM),
+        Case("gemma-3-1b", "full", "bf16", "sdpa", "full", 1, 512),
         Case("gemma-2-9b", "lora", "bf16", "eager", "off", 1, 512),
         Case("olmo-2-7b", "lora", "bf16", "eager", "medium", 1, 512),
         Case("gemma-3-4b", "lora", "bf16", "sdpa", "off", 1, 1024),
