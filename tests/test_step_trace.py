@@ -206,6 +206,30 @@ def test_an_attribute_held_input_outlives_checkpointing() -> None:
         assert sim.allocator.allocated == 0  # everything freed, the held input too
 
 
+@pytest.mark.parametrize("views", [False, True])
+def test_a_second_gradient_is_summed_out_of_place_only_into_a_view(views: bool) -> None:
+    """The engine adds a tensor's second gradient into its first in place, once the
+    function has returned, unless the first shares its storage: a view, as
+    ``aten::linear``'s input gradient is (its reshape's backward).  Then ``old + new``
+    is made, and both are freed.  Sizes in MiB tell the order."""
+    sim, sizes = _logging_sim()
+    x = sim.new(8 * MIB, grad=True)
+    first = sim.op([x], 2 * MIB, view_grads=views)
+    second = sim.op([x], 4 * MIB, view_grads=views)
+    loss = sim.op([first, second], 1)
+    sim.drop(first, second)
+    sizes.clear()
+    before = sim.allocator.allocated
+    sim.allocator.peak_allocated = before
+    sim.backward(loss)
+    # the loss's gradients (second's, then first's), x's from the op made last, x's second
+    assert sizes == [0, 4, 2, 8, 8, *([8] if views else [])]
+    # The peak: x's two gradients and first's incoming one, or (once that is freed) both
+    # and their sum.
+    held = sim.allocator.peak_allocated - before
+    assert held == (8 + 8 + (8 if views else 2)) * MIB
+
+
 def _logging_sim() -> tuple[Sim, list[int]]:
     """A `Sim` whose allocator logs the MiB of each malloc in the list returned with it."""
     from ckpt_core._memory.allocator import CachingAllocator

@@ -50,6 +50,7 @@ class _Op:
     cast: bool  # an alias op whose inputs differ in dtype: each gets a gradient of its own
     shared_weight: bool  # its param_grad is a second gradient of the first weight: summed
     releases: tuple[int, ...] = ()  # what the checkpointed forward's node held: freed after it
+    view_grads: bool = False  # its inputs' gradients are views of another tensor
 
 
 @dataclass(slots=True)
@@ -89,6 +90,7 @@ class Sim:
     # functions run (`_recompute`): (handle or placeholder, bytes; None for a free).
     _deferred: list[tuple[tuple[int, int], int | None]] | None = None
     _pending: list[int] = field(default_factory=list)  # tensors made while deferred
+    _view_grads: set[int] = field(default_factory=set)  # gradients that are views (`op`)
     # Tensors a backward function keeps as an attribute (``ctx.x = x``), which checkpoint's
     # saved-tensor hooks never see: held by a checkpointed region's first forward, by its
     # recompute until that ends, and, in the recompute's order, the first forward's to free.
@@ -255,6 +257,7 @@ class Sim:
         param_grad: int = 0,
         shared_weight: bool = False,
         matmul: bool = False,
+        view_grads: bool = False,
     ) -> int:
         """Run an op: ``temps`` live during it; returns its output (``out`` bytes).
 
@@ -276,6 +279,9 @@ class Sim:
         backward made first (tied embeddings: the LM head's); the two are summed.
         ``holds``: inputs its backward keeps as attributes, not through
         ``save_for_backward``: kept in a checkpointed region too (`_hold`).
+        ``view_grads``: the gradients it makes for its inputs are views (``aten::linear``
+        on a 3-D input: the backward of the input's reshape), so a second gradient of
+        one of them is summed out of place (`_sum`).
         """
         grad = param_grad > 0 or any(self.info[t][1] for t in inputs)
         recording = self.saving and grad
@@ -319,6 +325,7 @@ class Sim:
                     cast,
                     shared_weight,
                     releases,
+                    view_grads,
                 )
             )
         if extra:
@@ -408,7 +415,7 @@ class Sim:
         # A second gradient of a tensor is summed into the first in place, and freed,
         # once the function has returned and released its saved tensors
         # (torch/csrc/autograd/engine.cpp evaluate_function, InputBuffer::add).
-        summed: list[int] = []
+        summed: list[tuple[int, int]] = []  # (input, its second gradient)
         if incoming:
             held = [self.new(size) for size in node.temporaries]
             weight_grad = None
@@ -434,9 +441,11 @@ class Sim:
                 else:
                     fresh = self.new(size)
                 if tid in grads:
-                    summed.append(fresh)
+                    summed.append((tid, fresh))
                 else:
                     grads[tid] = fresh
+                    if node.view_grads:
+                        self._view_grads.add(fresh)
             if node.matmul and self.blas_workspace:
                 # cuBLAS asks for the thread's workspace after the output is allocated;
                 # it is never freed, wherever best fit put it (a freed logits block).
@@ -450,11 +459,23 @@ class Sim:
                 # incoming gradient (torch/autograd/engine.cpp call_function).
                 self.drop(*node.saved, *incoming, *node.releases)
                 self._settle(node, weight_grad)
-                self.drop(*summed)
+                self._sum(summed, grads)
                 return
             self.drop(*incoming)
             self._settle(node, weight_grad)
-        self.drop(*node.saved, *node.releases, *summed)
+        self.drop(*node.saved, *node.releases)
+        self._sum(summed, grads)
+
+    def _sum(self, summed: list[tuple[int, int]], grads: dict[int, int]) -> None:
+        """The engine's input buffer: a second gradient is added into the first in place
+        and freed, unless the first shares its storage (a view: ``can_accumulate_inplace``
+        fails), when ``old + new`` is made, then both are freed."""
+        for tid, fresh in summed:
+            first = grads[tid]
+            if first in self._view_grads:
+                grads[tid] = self.new(self.size(first))
+                self.drop(first)
+            self.drop(fresh)
 
     def _settle(self, node: _Op, grad: int | None) -> None:
         """What AccumulateGrad does with a weight's gradient, right after the backward

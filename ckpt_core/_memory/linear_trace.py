@@ -87,6 +87,7 @@ def linear(sim: Sim, x: int, name: str, shape: tuple[int, int], recipe: TraceRec
             saves_other=True,  # the weight, for the input's gradient
             param_grad=trained,
             matmul=True,
+            view_grads=True,  # aten::linear reshapes the 3-D input to 2-D for the mm
         )
     if not (recipe.lora_rank and adapted(recipe, name)):
         return base
