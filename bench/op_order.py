@@ -255,7 +255,8 @@ def record(case: Case) -> list[Event]:
     model = _model(case)
     events: list[Event] = []
     known: dict[int, Any] = {}
-    _record_load(model, case.method == "qlora", events, known)
+    # A half-precision load's unquantized parameters are cast to fp32 by kbit preparation.
+    _record_load(model, case.method == "qlora" and case.dtype != "fp32", events, known)
     _record_steps(model, case, events, known)
     return events
 
@@ -267,7 +268,7 @@ def _register(tensor: Any, events: list[Event], known: dict[int, Any]) -> None:
         events.append(("malloc", storage._cdata, storage.nbytes(), "load"))
 
 
-def _record_load(model: Any, quantized: bool, events: list[Event], known: dict[int, Any]) -> None:
+def _record_load(model: Any, prepared: bool, events: list[Event], known: dict[int, Any]) -> None:
     """The load as the estimate replays it: each quantized weight from a compute-dtype
     copy; once all is loaded, kbit preparation's fp32 copy of every other parameter (a
     tied one once), each freeing its loaded copy; the adapters last."""
@@ -292,7 +293,7 @@ def _record_load(model: Any, quantized: bool, events: list[Event], known: dict[i
                 for tensor in (param, quant_state.absmax, quant_state.code):
                     _register(tensor, events, known)
                 events.append(("free", copy, 0, ""))
-            elif quantized and param.dtype == torch.float32:
+            elif prepared and param.dtype == torch.float32:
                 key = param.untyped_storage()._cdata
                 if key not in loaded:
                     half = ("malloc", ("half", name, pname), param.numel() * 2, "load")
