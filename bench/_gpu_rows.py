@@ -203,6 +203,8 @@ def estimate_row(row: dict[str, Any], budget_bytes: int | None = None) -> dict[s
             for target in fields["lora_targets"]
             if any(matches_target(name, target) for name in names)
         ]
-    run = prepare(facts, parse_workload(fields), gpu_of(row))
+    # Every row ran transformers before 5.19 (5.0 and 5.17: the rows' provenance), whose
+    # RoPE angles are a matmul, the forward's first cuBLAS call.
+    run = prepare(facts, parse_workload(fields), gpu_of(row), rotary_matmul=True)
     memory_gib = None if budget_bytes is None else budget_bytes / (1 << 30)
     return estimate_tiers(run, memory_gib)["tiers"][tier_of(row)]

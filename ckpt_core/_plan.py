@@ -26,6 +26,7 @@ from ckpt_core._planning.tiers import (
 )
 from ckpt_core._planning.training_args import (
     EVERY_N_LAYERS_SINCE,
+    ROTARY_MUL_SINCE,
     PlanHookKind,
     installed_transformers_version,
     parse_transformers_version,
@@ -135,7 +136,8 @@ def make_plan(
         from ckpt_core._memory.inputs import parse_workload
         from ckpt_core._memory.sharding import host_sentence
 
-        advice = advise(parsed, model, workload, memory, gpu_name)
+        rotary_matmul = version < ROTARY_MUL_SINCE
+        advice = advise(parsed, model, workload, memory, gpu_name, rotary_matmul=rotary_matmul)
         parsed_workload = parse_workload(workload)
         granularity, why = advice.granularity, advice.reason  # type: ignore[assignment]
         description, estimate = advice.description, advice.estimate

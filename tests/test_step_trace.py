@@ -230,6 +230,38 @@ def test_a_second_gradient_is_summed_out_of_place_only_into_a_view(views: bool) 
     assert held == (8 + 8 + (8 if views else 2)) * MIB
 
 
+@pytest.mark.parametrize("rotary_matmul", [True, False])
+def test_the_forwards_first_cublas_call_makes_the_workspace(
+    rotary_matmul: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Python thread's cuBLAS workspace comes with the forward's first cuBLAS call:
+    before transformers 5.19 RoPE's ``inv_freq @ position_ids``, before any block;
+    since, the first linear's mm (q_proj), once its output is allocated."""
+    from ckpt_core._memory.allocator import CachingAllocator
+
+    run = prepare(
+        model_facts({"preset": "qwen2.5-0.5b"}),
+        parse_workload({"seq_len": 1024, "micro_batch_size": 2, "method": "lora"}),
+        "A100-80GB",
+        rotary_matmul=rotary_matmul,
+    )
+    trace = run.recipe.trace
+    assert trace is not None and trace.rotary_matmul == rotary_matmul
+    sizes: list[int] = []
+    malloc = CachingAllocator.malloc
+
+    def logged(self: CachingAllocator, size: int) -> tuple[int, int]:
+        sizes.append(size)
+        return malloc(self, size)
+
+    monkeypatch.setattr(CachingAllocator, "malloc", logged)
+    simulate.__wrapped__(run.facts.arch, "off", trace)  # uncached: every malloc logged
+    first = sizes.index(trace.blas_workspace)
+    hidden = 2 * 2 * 1024 * 896  # bf16: the embedding's output, the norm's, q_proj's
+    assert (sizes[first - 1] == hidden) is not rotary_matmul
+    assert (sizes[:first].count(hidden) > 1) is not rotary_matmul  # a block has run
+
+
 def _logging_sim() -> tuple[Sim, list[int]]:
     """A `Sim` whose allocator logs the MiB of each malloc in the list returned with it."""
     from ckpt_core._memory.allocator import CachingAllocator

@@ -140,7 +140,10 @@ def choose(
     band = estimate["assumptions"]["tight_band"]
     picked = auto_pick(arch, step, run.peak, budget, band=band, tiers=tiers)
     if picked is None:
-        judge, feasible = judges_for(lambda workload: prepare(run.facts, workload, run.gpu), budget)
+        judge, feasible = judges_for(
+            lambda workload: prepare(run.facts, workload, run.gpu, rotary_matmul=run.rotary_matmul),
+            budget,
+        )
         options = tuple(alternatives(run.workload, judge, feasible))
         reason = (
             f"auto: nothing fits - even full needs an estimated "
@@ -238,13 +241,16 @@ def advise(
     workload: object,
     gpu_memory_gb: float | None,
     gpu: str | None = None,
+    *,
+    rotary_matmul: bool = False,
 ) -> Advice:
     """Estimate every tier for the model and workload; resolve ``auto`` by the estimate.
 
     An explicit tier is kept as asked; the reason says whether it fits.  ``gpu``
-    (a GPU-table name) selects its measured CUDA context.
+    (a GPU-table name) selects its measured CUDA context; ``rotary_matmul``: the worker's
+    transformers computes RoPE's angles with a matmul (`prepare`).
     """
-    run = prepare(model_facts(model), parse_workload(workload), gpu)
+    run = prepare(model_facts(model), parse_workload(workload), gpu, rotary_matmul=rotary_matmul)
     arch = run.facts.arch
     tiers = tier_candidates(arch, run.step, run.peak)
     estimate = estimate_tiers(run, gpu_memory_gb, tiers)

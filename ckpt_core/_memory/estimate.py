@@ -248,11 +248,14 @@ def recipe_for(
     *,
     blas_workspace: int = blas_workspace_bytes(None),
     idle_adapters: tuple[int, ...] = (),
+    rotary_matmul: bool = False,
 ) -> Recipe:
     """The real-step facts `ckpt_core._memory.peak` and the replay need, from the recipe fields.
 
     ``blas_workspace``: one cuBLAS workspace on the GPU (`ckpt_core._memory.workspace`);
-    ``idle_adapters``: the parameters of each adapter tensor on an idle tower, in order.
+    ``idle_adapters``: the parameters of each adapter tensor on an idle tower, in order;
+    ``rotary_matmul``: the worker's transformers computes RoPE's angles with a matmul
+    (`TraceRecipe.rotary_matmul`).
     """
     compute = DTYPE_BYTES[workload.dtype]
     logits = 0
@@ -296,6 +299,7 @@ def recipe_for(
         # A 4-bit load's pool is left to the per-tensor order: transformers' loader threads
         # run ahead of the quantization by a timing-dependent amount (docs/memory-model.md).
         device_map=workload.loaded_with_device_map and not workload.quantized,
+        rotary_matmul=rotary_matmul,
     )
     if factored:
         temporary = adafactor_temporary(arch, trace)

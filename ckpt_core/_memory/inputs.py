@@ -111,6 +111,7 @@ class Run:
     attention_note: str
     recipe: Recipe
     gpu: str | None = None  # GPU-table name: picks the measured CUDA context
+    rotary_matmul: bool = False  # `TraceRecipe.rotary_matmul`: the worker's transformers
 
     @property
     def context(self) -> tuple[int, str]:
@@ -121,8 +122,13 @@ class Run:
         return PeakModel(self.static, self.recipe, self.context[0])
 
 
-def prepare(facts: Facts, workload: Workload, gpu: str | None = None) -> Run:
-    """Check the workload against the model and derive the activation step and static memory."""
+def prepare(
+    facts: Facts, workload: Workload, gpu: str | None = None, *, rotary_matmul: bool = False
+) -> Run:
+    """Check the workload against the model and derive the activation step and static memory.
+
+    ``rotary_matmul``: the worker's transformers is older than 5.19, whose RoPE angles are
+    a matmul, the forward's first cuBLAS call (`TraceRecipe.rotary_matmul`)."""
     arch, layout = facts.arch, facts.layout
     _check_fits_model(arch, workload)
     targets = _lora_targets(layout, workload)
@@ -186,8 +192,9 @@ def prepare(facts: Facts, workload: Workload, gpu: str | None = None) -> Run:
         step,
         blas_workspace=blas_workspace_bytes(gpu),
         idle_adapters=idle_adapters,
+        rotary_matmul=rotary_matmul,
     )
-    return Run(facts, workload, step, static, note, recipe, gpu)
+    return Run(facts, workload, step, static, note, recipe, gpu, rotary_matmul)
 
 
 def _fp32_linears(arch: Arch, workload: Workload) -> frozenset[str]:

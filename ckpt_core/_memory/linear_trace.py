@@ -49,6 +49,9 @@ class TraceRecipe:
     gqa: str = "native"  # how sdpa runs grouped kv heads (`ckpt_core._memory.ledger.Step`)
     idle_adapters: tuple[int, ...] = ()  # adapter tensors on an idle tower, in PEFT's order
     device_map: bool = False  # loaded by from_pretrained(device_map=...), not moved with .to()
+    # The rotary embedding's `inv_freq @ position_ids` is the forward's first cuBLAS call
+    # (transformers before 5.19); else the first linear is.
+    rotary_matmul: bool = False
 
 
 def adapted(recipe: TraceRecipe, name: str) -> bool:

@@ -132,8 +132,10 @@ def llama_prepare(
             unread += (lookup,)
         else:
             sim.drop(lookup)
-    if workspace:  # the rotary embedding's `inv_freq @ position_ids`: the first cuBLAS call
+    if recipe.rotary_matmul:  # `inv_freq @ position_ids`: the first cuBLAS call
         sim.new(workspace)
+    else:  # the first linear's, once its output is allocated
+        sim.forward_workspace = workspace
     return Inputs(hidden, full, held, forward_held, sliding_mask=sliding, leaf=leaf, unread=unread)
 
 

@@ -30,6 +30,9 @@ Version = tuple[int, int, int]
 MIN_TRANSFORMERS: Final[Version] = (4, 35, 0)
 EVERY_N_LAYERS_SINCE: Final[Version] = (5, 16, 0)
 ACTIVATION_NAMES_SINCE: Final[Version] = (5, 23, 0)
+# Rotary embeddings multiply the positions by the inverse frequencies since 5.19; before,
+# `inv_freq @ position_ids` was the forward's first cuBLAS call (its workspace).
+ROTARY_MUL_SINCE: Final[Version] = (5, 19, 0)
 
 _VERSION_RE: Final = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?(.*?)\s*$", re.ASCII)
 
