@@ -395,7 +395,10 @@ def _record_steps(model: Any, case: Case, events: list[Event], known: dict[int, 
 
 def with_workspaces(events: list[Event], size: int) -> list[Event]:
     """cuBLAS's workspace, kept for good: after the output of the warm-up's first matmul
-    (the Python thread's handle) and of its backward's first (autograd's device thread)."""
+    (the Python thread's handle) and of its backward's first (autograd's device thread).
+    bitsandbytes' ops are: the 4-bit one dequantizes, then calls ``F.linear``; the int8
+    one adds its outlier columns' product by ``addmm`` (real activations have outliers,
+    `ckpt_core._memory.linear_trace`; meta has none)."""
     out: list[Event] = []
     phase, done = "", set()
     for event in events:
@@ -405,7 +408,7 @@ def with_workspaces(events: list[Event], size: int) -> list[Event]:
             phase = key
         elif (
             kind == "malloc"
-            and ("aten.mm" in label or "addmm" in label)
+            and any(op in label for op in ("aten.mm", "addmm", "gemm_4bit", "int8_scaled_mm"))
             and phase in ("step0", "loss")
             and phase not in done
         ):
@@ -431,6 +434,11 @@ def replay(events: list[Event]) -> tuple[int, int]:
 def prepared(case: Case) -> Run:
     """The estimate's prepared request for the case (its workload, on `GPU`)."""
     from ckpt_core._memory.inputs import model_facts, parse_workload, prepare
+    from ckpt_core._planning.training_args import (
+        ROTARY_MUL_SINCE,
+        installed_transformers_version,
+        parse_transformers_version,
+    )
 
     workload: dict[str, Any] = {
         "seq_len": case.seq,
@@ -446,7 +454,13 @@ def prepared(case: Case) -> Run:
         workload.update(lora_rank=32, lora_targets=None if case.all_linear else case.targets)
     if case.method == "qlora":
         workload["weights"] = case.weights
-    return prepare(model_facts(case.model), parse_workload(workload), GPU)
+    installed = parse_transformers_version(installed_transformers_version())
+    return prepare(
+        model_facts(case.model),
+        parse_workload(workload),
+        GPU,
+        rotary_matmul=installed < ROTARY_MUL_SINCE,  # the recording's transformers
+    )
 
 
 def block_counts(case: Case, arch: Arch) -> ModeCounts:
