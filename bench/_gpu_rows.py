@@ -25,6 +25,9 @@ SHARED_CANDIDATES: Final = tuple(
 SHARED_ROWS: Final = next((p for p in SHARED_CANDIDATES if p.is_dir()), SHARED_CANDIDATES[0])
 LOCAL_ROWS: Final = ROOT / "bench" / "data"
 REPEAT: Final = re.compile(r"-r\d+\.json$")
+# The shared rows name no transformers version; their archives' provenance says 5.17.0
+# (2026-09-15) and 5.0.0 (2026-09-16), both computing RoPE's angles with a matmul.
+SHARED_ROWS_TRANSFORMERS: Final = "5.17.0"
 # The shared rows' harness's --optimizer names that differ from the workload's.
 HARNESS_OPTIMIZERS: Final = {"adam8bit": "adamw_8bit", "sgd-momentum": "sgd_momentum"}
 
@@ -185,6 +188,16 @@ def gpu_of(row: dict[str, Any]) -> str | None:
         return None
 
 
+def rotary_matmul_of(row: dict[str, Any]) -> bool:
+    """Whether the row's transformers computed RoPE's angles with a matmul, the forward's
+    first cuBLAS call (before 5.19): ``run.transformers``, which ``bench/gpu_step.py``
+    records, else the shared rows' (`SHARED_ROWS_TRANSFORMERS`)."""
+    from ckpt_core._planning.training_args import ROTARY_MUL_SINCE, parse_transformers_version
+
+    version = row["run"].get("transformers", SHARED_ROWS_TRANSFORMERS)
+    return parse_transformers_version(version) < ROTARY_MUL_SINCE
+
+
 def estimate_row(row: dict[str, Any], budget_bytes: int | None = None) -> dict[str, Any]:
     """The estimate's tier entry for the row (allocated, peak, verdict against a budget).
 
@@ -203,8 +216,6 @@ def estimate_row(row: dict[str, Any], budget_bytes: int | None = None) -> dict[s
             for target in fields["lora_targets"]
             if any(matches_target(name, target) for name in names)
         ]
-    # Every row ran transformers before 5.19 (5.0 and 5.17: the rows' provenance), whose
-    # RoPE angles are a matmul, the forward's first cuBLAS call.
-    run = prepare(facts, parse_workload(fields), gpu_of(row), rotary_matmul=True)
+    run = prepare(facts, parse_workload(fields), gpu_of(row), rotary_matmul=rotary_matmul_of(row))
     memory_gib = None if budget_bytes is None else budget_bytes / (1 << 30)
     return estimate_tiers(run, memory_gib)["tiers"][tier_of(row)]

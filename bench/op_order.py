@@ -272,7 +272,7 @@ def _record_load(model: Any, prepared: bool, events: list[Event], known: dict[in
     """The load as the estimate replays it: each quantized weight from a compute-dtype
     copy; once all is loaded, kbit preparation's fp32 copy of every other parameter (a
     tied one once), each freeing its loaded copy; the adapters last."""
-    loaded: dict[int, tuple[Event, Any]] = {}  # a prepared parameter's storage -> its copy
+    loaded: dict[int, tuple[Any, Any]] = {}  # a prepared parameter's storage -> (copy, it)
     for name, module in model.named_modules():
         for pname, param in module.named_parameters(recurse=False):
             if "lora_" in name:
@@ -296,14 +296,13 @@ def _record_load(model: Any, prepared: bool, events: list[Event], known: dict[in
             elif prepared and param.dtype == torch.float32:
                 key = param.untyped_storage()._cdata
                 if key not in loaded:
-                    half = ("malloc", ("half", name, pname), param.numel() * 2, "load")
-                    events.append(half)
-                    loaded[key] = half, param
+                    loaded[key] = ("half", name, pname), param
+                    events.append(("malloc", loaded[key][0], param.numel() * 2, "load"))
             else:
                 _register(param, events, known)
         for buffer in module.buffers(recurse=False):
             _register(buffer, events, known)
-    for (_, half, _, _), param in loaded.values():
+    for half, param in loaded.values():
         _register(param, events, known)
         events.append(("free", half, 0, ""))
     for name, param in model.named_parameters():

@@ -111,7 +111,12 @@ class Run:
     attention_note: str
     recipe: Recipe
     gpu: str | None = None  # GPU-table name: picks the measured CUDA context
-    rotary_matmul: bool = False  # `TraceRecipe.rotary_matmul`: the worker's transformers
+
+    @property
+    def rotary_matmul(self) -> bool:
+        """`TraceRecipe.rotary_matmul`: the worker's transformers (`prepare`)."""
+        trace = self.recipe.trace
+        return trace is not None and trace.rotary_matmul
 
     @property
     def context(self) -> tuple[int, str]:
@@ -194,7 +199,7 @@ def prepare(
         idle_adapters=idle_adapters,
         rotary_matmul=rotary_matmul,
     )
-    return Run(facts, workload, step, static, note, recipe, gpu, rotary_matmul)
+    return Run(facts, workload, step, static, note, recipe, gpu)
 
 
 def _fp32_linears(arch: Arch, workload: Workload) -> frozenset[str]:

@@ -132,9 +132,11 @@ def llama_prepare(
             unread += (lookup,)
         else:
             sim.drop(lookup)
-    if recipe.rotary_matmul:  # `inv_freq @ position_ids`: the first cuBLAS call
+    # The warm-up's first cuBLAS call makes the workspace (0 once made): RoPE's
+    # `inv_freq @ position_ids`, else the first linear's, once its output is allocated.
+    if recipe.rotary_matmul and workspace:
         sim.new(workspace)
-    else:  # the first linear's, once its output is allocated
+    else:
         sim.forward_workspace = workspace
     return Inputs(hidden, full, held, forward_held, sliding_mask=sliding, leaf=leaf, unread=unread)
 
