@@ -276,6 +276,41 @@ def _logging_sim() -> tuple[Sim, list[int]]:
     return Sim(allocator=Logged()), sizes
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_linear_with_a_bias_makes_its_inputs_gradient_before_its_weights(bias: bool) -> None:
+    """``mm``'s backward makes the weight's gradient first; ``addmm``'s (a linear with a
+    bias, as recorded) the input's, then the weight's.  Sizes in MiB tell the order."""
+    sim, sizes = _logging_sim()
+    x = sim.new(8 * MIB, grad=True)
+    out = sim.op([x], 2 * MIB, save=[x], param_grad=4 * MIB, input_grad_first=bias)
+    loss = sim.op([out], 1)
+    sim.drop(out)
+    sizes.clear()
+    sim.backward(loss)
+    # the loss's gradient, the output's, then x's and the weight's in the kernel's order
+    assert sizes == [0, 2, *([8, 4] if bias else [4, 8])]
+
+
+def test_a_strided_outputs_gradient_is_copied_before_its_matmul() -> None:
+    """A gradient that reaches a matmul's 3-D output as a transposed view (eager's keys) is
+    copied contiguous by the output view's backward, which then frees it, before the
+    matmul's own backward (`linear_trace.strided_output`)."""
+    from ckpt_core._memory.linear_trace import strided_output
+
+    sim, sizes = _logging_sim()
+    x = sim.new(8 * MIB, grad=True)
+    out = strided_output(sim, sim.op([x], 2 * MIB))
+    loss = sim.op([out], 1)
+    sim.drop(out)
+    sizes.clear()
+    before = sim.allocator.allocated
+    sim.allocator.peak_allocated = before
+    sim.backward(loss)
+    assert sizes == [0, 2, 2, 8]  # the loss's gradient, the view's, its copy, x's
+    # the copy replaced the view's gradient before x's was made: 2 + 8 at most, not 2 + 2 + 8
+    assert sim.allocator.peak_allocated - before <= (2 + 8) * MIB + 512
+
+
 @pytest.mark.parametrize("checkpointed", [False, True])
 def test_a_dropout_keeps_its_mask_until_its_backward(checkpointed: bool) -> None:
     """CUDA's fused dropout allocates its output, then a bool mask that only its backward

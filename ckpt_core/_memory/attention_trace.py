@@ -44,7 +44,8 @@ def attend(
     else:
         attn = fused_attention(sim, query, key, value, arch=arch, recipe=recipe, mask=mask)
     name = output or f"self_attn.{arch.o_name}"
-    out = linear(sim, attn, name, (arch.heads * arch.head_dim, arch.hidden), recipe)
+    width = arch.heads * arch.head_dim
+    out = linear(sim, attn, name, (width, arch.hidden), recipe, bias=arch.o_bias or arch.bias)
     sim.drop(attn)
     return out
 

@@ -51,6 +51,7 @@ class _Op:
     shared_weight: bool  # its param_grad is a second gradient of the first weight: summed
     releases: tuple[int, ...] = ()  # what the checkpointed forward's node held: freed after it
     view_grads: bool = False  # its inputs' gradients are views of another tensor
+    input_grad_first: bool = False  # AddmmBackward0: the input's gradient before the weight's
 
 
 @dataclass(slots=True)
@@ -258,6 +259,7 @@ class Sim:
         shared_weight: bool = False,
         matmul: bool = False,
         view_grads: bool = False,
+        input_grad_first: bool = False,
     ) -> int:
         """Run an op: ``temps`` live during it; returns its output (``out`` bytes).
 
@@ -282,6 +284,9 @@ class Sim:
         ``view_grads``: the gradients it makes for its inputs are views (``aten::linear``
         on a 3-D input: the backward of the input's reshape), so a second gradient of
         one of them is summed out of place (`_sum`).
+        ``input_grad_first``: its backward makes the inputs' gradients, then the cuBLAS
+        workspace when one is due, then ``param_grad`` (a linear with a bias: ``addmm``'s
+        backward, as recorded), rather than ``param_grad`` first.
         """
         grad = param_grad > 0 or any(self.info[t][1] for t in inputs)
         recording = self.saving and grad
@@ -326,6 +331,7 @@ class Sim:
                     shared_weight,
                     releases,
                     view_grads,
+                    input_grad_first,
                 )
             )
         if extra:
@@ -419,10 +425,8 @@ class Sim:
         if incoming:
             held = [self.new(size) for size in node.temporaries]
             weight_grad = None
-            if node.param_grad:
-                weight_grad = self.new(node.param_grad)
-                if not node.shared_weight and not self.accumulate:
-                    self.param_grads.append(weight_grad)  # AccumulateGrad steals it as .grad
+            if node.param_grad and not node.input_grad_first:
+                weight_grad = self._weight_grad(node)
             # The generated backward functions compute the last input's gradient first
             # (BmmBackward0: mat2 before self; MulBackward0: other before self).
             for tid in reversed(node.inputs):
@@ -451,6 +455,8 @@ class Sim:
                 # it is never freed, wherever best fit put it (a freed logits block).
                 self.new(self.blas_workspace)
                 self.blas_workspace = 0
+            if node.param_grad and node.input_grad_first:
+                weight_grad = self._weight_grad(node)
             self.drop(*[self.new(size) for size in node.scratch])
             self.drop(*held)
             if node.unpacked:
@@ -476,6 +482,13 @@ class Sim:
                 grads[tid] = self.new(self.size(first))
                 self.drop(first)
             self.drop(fresh)
+
+    def _weight_grad(self, node: _Op) -> int:
+        """The backward's weight gradient, which AccumulateGrad steals as ``.grad``."""
+        grad = self.new(node.param_grad)
+        if not node.shared_weight and not self.accumulate:
+            self.param_grads.append(grad)
+        return grad
 
     def _settle(self, node: _Op, grad: int | None) -> None:
         """What AccumulateGrad does with a weight's gradient, right after the backward

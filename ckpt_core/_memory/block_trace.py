@@ -218,11 +218,12 @@ def mlp(
     MoE layer's shared expert's."""
     tokens, act, h = recipe.batch * recipe.seq, recipe.act, arch.hidden
     inter = inter or arch.intermediate or arch.moe_intermediate * max(1, arch.top_k)
+    bias = arch.mlp_bias or arch.bias
     chunks: tuple[int, ...] = ()  # the MLP's locals that live until it returns
     if arch.fused_gate_up:
         # Phi3MLP.forward: `gate, up_states = gate_up_proj(x).chunk(2)` (views of one
         # output), `up_states * act_fn(gate)`; the local `gate` lives until the return.
-        gate_up = linear(sim, x, f"{module}.gate_up_proj", (h, 2 * inter), recipe)
+        gate_up = linear(sim, x, f"{module}.gate_up_proj", (h, 2 * inter), recipe, bias=bias)
         gate, up = sim.views(gate_up, [act * tokens * inter] * 2)
         sim.drop(gate_up)
         activated = sim.op([gate], act * tokens * inter, save=[gate])
@@ -230,20 +231,20 @@ def mlp(
         sim.drop(activated, up)
         chunks = (gate,)
     elif arch.glu:
-        gate = linear(sim, x, f"{module}.gate_proj", (h, inter), recipe)
+        gate = linear(sim, x, f"{module}.gate_proj", (h, inter), recipe, bias=bias)
         activated = sim.op([gate], act * tokens * inter, save=[gate])
         sim.drop(gate)
-        up = linear(sim, x, f"{module}.up_proj", (h, inter), recipe)
+        up = linear(sim, x, f"{module}.up_proj", (h, inter), recipe, bias=bias)
         product = sim.op([activated, up], act * tokens * inter, save=[activated, up])
         sim.drop(activated, up)
     else:  # a non-gated MLP (StarCoder2's c_fc, then c_proj)
-        up = linear(sim, x, f"{module}.{arch.mlp_names[0]}", (h, inter), recipe)
+        up = linear(sim, x, f"{module}.{arch.mlp_names[0]}", (h, inter), recipe, bias=bias)
         size = act * tokens * inter
         product = (
             gelu_new(sim, up, size) if arch.act == "gelu_new" else sim.op([up], size, save=[up])
         )
         sim.drop(up)
-    down = linear(sim, product, f"{module}.{arch.mlp_names[1]}", (inter, h), recipe)
+    down = linear(sim, product, f"{module}.{arch.mlp_names[1]}", (inter, h), recipe, bias=bias)
     sim.drop(product, *chunks)
     return _branch_dropout(sim, down, arch=arch, recipe=recipe)
 
@@ -275,19 +276,20 @@ def attention(
     tokens, act = recipe.batch * recipe.seq, recipe.act
     h, q, kv = arch.hidden, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
     fused: tuple[int, ...] = ()
+    bias = arch.qkv_bias or arch.bias
     if arch.fused_qkv:
         # Phi3Attention.forward: q, k and v are slices of one projection, whose local
         # `qkv` keeps the whole output until the attention returns.
-        qkv = linear(sim, x, "self_attn.qkv_proj", (h, q + 2 * kv), recipe)
+        qkv = linear(sim, x, "self_attn.qkv_proj", (h, q + 2 * kv), recipe, bias=bias)
         (query,), (key,), (value,) = (sim.views(qkv, [act * tokens * n]) for n in (q, kv, kv))
         fused = (qkv,)
     else:  # q / k norms on the projections (Qwen3), unless on the rotated q / k (Hunyuan)
         early = not arch.qk_norm_after_rope
-        query = linear(sim, x, "self_attn.q_proj", (h, q), recipe)
+        query = linear(sim, x, "self_attn.q_proj", (h, q), recipe, bias=bias)
         query = _head_normed(sim, query, arch.heads, arch, recipe) if early else query
-        key = linear(sim, x, "self_attn.k_proj", (h, kv), recipe)
+        key = linear(sim, x, "self_attn.k_proj", (h, kv), recipe, bias=bias)
         key = _head_normed(sim, key, arch.kv_heads, arch, recipe) if early else key
-        value = linear(sim, x, "self_attn.v_proj", (h, kv), recipe)
+        value = linear(sim, x, "self_attn.v_proj", (h, kv), recipe, bias=bias)
     query_r, key_r = query, key
     if rotary:
         # With a cat after it (Phi's, StableLM's), RoPE rotates a slice of each head.

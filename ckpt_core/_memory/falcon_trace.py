@@ -79,7 +79,7 @@ def _attention(
     """FalconAttention.forward on the normed ``x``: the split projection, RoPE, the kernel,
     then ``dense``; the fused projection and v die as it returns."""
     h = arch.hidden
-    fused = linear(sim, x, QKV, (h, qkv_width(arch)), recipe)
+    fused = linear(sim, x, QKV, (h, qkv_width(arch)), recipe, bias=arch.bias)
     query, key, value = _split(sim, fused, arch, recipe)
     query_r, key_r = (rope(sim, t, sim.size(t)) for t in (query, key))
     sim.drop(query, key)
@@ -89,7 +89,7 @@ def _attention(
             sim.drop(weights)
         else:
             held.append(weights)
-        out = linear(sim, attn, DENSE, (h, h), recipe)
+        out = linear(sim, attn, DENSE, (h, h), recipe, bias=arch.bias)
         sim.drop(attn)
     else:
         out = attend(

@@ -13,7 +13,7 @@ from ckpt_core._memory.attention_trace import fused_attention
 from ckpt_core._memory.autograd_sim import Sim
 from ckpt_core._memory.block_trace import mlp
 from ckpt_core._memory.fused_trace import dropout, dropped_out, layer_norm
-from ckpt_core._memory.linear_trace import TraceRecipe, linear
+from ckpt_core._memory.linear_trace import TraceRecipe, linear, strided_output
 from ckpt_core._memory.model_trace import (
     Inputs,
     TraceModel,
@@ -22,7 +22,7 @@ from ckpt_core._memory.model_trace import (
     lookup_inputs,
 )
 
-__all__ = ["GPT2", "parameters"]
+__all__ = ["GPT2", "eager_attention_in_dtype", "head_view", "parameters"]
 
 # The attention's linears, in module order (GPT2Attention makes c_attn first).
 _ATTENTION = ("attn.c_attn", "attn.c_proj")
@@ -74,18 +74,22 @@ def _attention(
     q, k and v are locals until it returns.  Eager's weights go to ``held`` when given
     (the block's ``_``), else die on return."""
     tokens, act, h = recipe.batch * recipe.seq, recipe.act, arch.hidden
-    qkv = linear(sim, x, _ATTENTION[0], (h, 3 * h), recipe)
+    qkv = linear(sim, x, _ATTENTION[0], (h, 3 * h), recipe, bias=True)
     query, key, value = sim.views(qkv, [act * tokens * h] * 3)
     sim.drop(qkv)
     if recipe.attention == "eager" and mask is not None:
-        attn, weights = _eager(sim, query, key, value, arch=arch, recipe=recipe, mask=mask)
+        query, value = head_view(sim, query, recipe), head_view(sim, value, recipe)
+    if recipe.attention == "eager" and mask is not None:
+        attn, weights = eager_attention_in_dtype(
+            sim, query, key, value, arch=arch, recipe=recipe, mask=mask
+        )
         held_weights = [weights]
     else:
         attn, held_weights = (
             fused_attention(sim, query, key, value, arch=arch, recipe=recipe, mask=mask),
             [],
         )
-    projected = linear(sim, attn, _ATTENTION[1], (h, h), recipe)
+    projected = linear(sim, attn, _ATTENTION[1], (h, h), recipe, bias=True)
     sim.drop(attn)
     out = dropped_out(sim, projected, recipe, h, arch.hidden_dropout)
     sim.drop(query, key, value)
@@ -96,16 +100,33 @@ def _attention(
     return out
 
 
-def _eager(
-    sim: Sim, query: int, key: int, value: int, *, arch: Arch, recipe: TraceRecipe, mask: int
-) -> tuple[int, int]:
-    """GPT-2's eager_attention_forward: ``matmul(q, k^T) * scaling``, ``+ mask``, softmax
-    in the activations' dtype (or `_upcast_and_reordered`), the attention dropout,
-    ``matmul(weights, v)``, then the attention's ``reshape``; returns (its output, the
-    dropped-out weights).
+def head_view(sim: Sim, x: int, recipe: TraceRecipe) -> int:
+    """``x.view(batch, seq, heads, dim).transpose(1, 2)`` of q or v, which rebinds its
+    name.  With eager attention the gradient reaching the view is bmm's, transposed back:
+    not viewable, so ViewBackward0's reshape copies it (the engine gets there after the
+    attention's whole backward).  k's, the gradient of ``k.transpose(2, 3)``, views back
+    (`linear`'s ``strided_grad``); fused kernels' gradients view back too."""
+    return strided_output(sim, x) if recipe.attention == "eager" else x
 
-    q, k and v are views of the fused projection: with batch > 1, matmul's reshape to
-    3-D cannot merge (batch, heads) and copies each operand it reads."""
+
+def eager_attention_in_dtype(
+    sim: Sim,
+    query: int,
+    key: int,
+    value: int,
+    *,
+    arch: Arch,
+    recipe: TraceRecipe,
+    mask: int | None,
+) -> tuple[int, int]:
+    """GPT-2's eager_attention_forward (and BERT's): ``matmul(q, k^T) * scaling``, ``+
+    mask`` when there is one, softmax in the activations' dtype (or
+    `_upcast_and_reordered`), the attention dropout, ``matmul(weights, v)``, then the
+    attention's ``reshape``; returns (its output, the dropped-out weights).
+
+    q, k and v are views of the projections' (batch, seq, hidden) outputs (`head_view`):
+    with batch > 1, matmul's reshape to 3-D cannot merge (batch, heads) and copies each
+    operand it reads."""
     tokens, act, batch, seq = recipe.batch * recipe.seq, recipe.act, recipe.batch, recipe.seq
     width = act * tokens * arch.hidden
     scores = batch * arch.heads * seq * seq
@@ -120,10 +141,11 @@ def _eager(
         raw = sim.op([query_c, key_c], act * scores, save=[query_c, key_c], matmul=True)
         if copies:
             sim.drop(query_c, key_c)
-        scaled = sim.op([raw], act * scores)
+        masked = sim.op([raw], act * scores)
         sim.drop(raw)
-        masked = sim.op([scaled, mask], act * scores, alias=True)
-        sim.drop(scaled)
+        if mask is not None:
+            scaled, masked = masked, sim.op([masked, mask], act * scores, alias=True)
+            sim.drop(scaled)
         scratch = [act * scores] if extra else []
         probs = sim.op([masked], act * scores, save_out=True, backward_scratch=scratch)
         sim.drop(masked)
@@ -134,7 +156,9 @@ def _eager(
     out = sim.op([weights, value_c], width, save=[weights, value_c], matmul=True)
     if copies:
         sim.drop(value_c)
-    flat = sim.op([out], width, alias=True)  # transpose(1, 2), then reshape: a copy
+    # transpose(1, 2), then reshape: a copy.  Its gradient, transposed back, is copied
+    # for the bmm's backward unless (batch, heads) merge (batch 1).
+    flat = sim.op([out], width, alias=not copies)
     sim.drop(out)
     if copies and arch.upcast_attention:  # the reordered path's q / k locals
         sim.drop(query_c, key_c)
@@ -142,7 +166,7 @@ def _eager(
 
 
 def _upcast_and_reordered(
-    sim: Sim, query: int, key: int, *, arch: Arch, recipe: TraceRecipe, mask: int
+    sim: Sim, query: int, key: int, *, arch: Arch, recipe: TraceRecipe, mask: int | None
 ) -> int:
     """GPT2Attention._upcast_and_reordered_attn (``reorder_and_upcast_attn``, eager only):
     fp32 scores made by ``torch.empty``, ``baddbmm`` of q and k upcast (both fp32 copies
@@ -157,8 +181,10 @@ def _upcast_and_reordered(
     if act != 4:
         sim.drop(*upcast)
     sim.drop(empty)
-    masked = sim.op([raw, mask], 4 * scores, alias=True)
-    sim.drop(raw)
+    masked = raw
+    if mask is not None:
+        masked = sim.op([raw, mask], 4 * scores, alias=True)
+        sim.drop(raw)
     scratch = [4 * scores] if recipe.eager_extra else []
     softmax = sim.op([masked], 4 * scores, save_out=True, backward_scratch=scratch)
     sim.drop(masked)

@@ -48,7 +48,7 @@ def _attention(
     """GPTNeoXAttention.forward on the normed ``x``: the fused projection and its three
     views (one chunk), RoPE on q and k, the kernel, then ``dense``."""
     tokens, act, h = recipe.batch * recipe.seq, recipe.act, arch.hidden
-    qkv = linear(sim, x, QKV, (h, 3 * h), recipe)
+    qkv = linear(sim, x, QKV, (h, 3 * h), recipe, bias=arch.qkv_bias)
     query, key, value = sim.views(qkv, [act * tokens * h] * 3)
     part = act * tokens * arch.heads * arch.rope_dim
     query_r, key_r = (rope(sim, t, act * tokens * h, concat=True, part=part) for t in (query, key))

@@ -111,7 +111,7 @@ def projections(sim: Sim, x: int, arch: Arch, recipe: TraceRecipe) -> tuple[int,
     """``q_proj(x)``, ``k_proj(x)`` and ``v_proj(x)``, in that order."""
     h, d = arch.hidden, arch.head_dim
     return tuple(  # type: ignore[return-value]
-        linear(sim, x, f"self_attn.{name}_proj", (h, heads * d), recipe)
+        linear(sim, x, f"self_attn.{name}_proj", (h, heads * d), recipe, bias=arch.qkv_bias)
         for name, heads in (("q", arch.heads), ("k", arch.kv_heads), ("v", arch.kv_heads))
     )
 

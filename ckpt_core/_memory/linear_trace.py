@@ -58,8 +58,22 @@ def adapted(recipe: TraceRecipe, name: str) -> bool:
     return any(matches_target(name, target) for target in recipe.adapted)
 
 
-def linear(sim: Sim, x: int, name: str, shape: tuple[int, int], recipe: TraceRecipe) -> int:
-    """A block linear (bitsandbytes' when quantized) and its LoRA adapter."""
+def linear(
+    sim: Sim,
+    x: int,
+    name: str,
+    shape: tuple[int, int],
+    recipe: TraceRecipe,
+    *,
+    bias: bool = False,
+    strided_grad: bool = False,
+) -> int:
+    """A block linear (bitsandbytes' when quantized) and its LoRA adapter.  ``bias``: an
+    unquantized one runs ``addmm``, whose backward makes the input's gradient first.
+    ``strided_grad``: its output's gradient arrives as a transposed view (eager's keys,
+    through ``k.transpose(2, 3)``): the backward of an unquantized linear's 3-D output
+    view copies it contiguous (`strided_output`), and so does lora_B's, as PEFT's casts
+    and scaling keep the strides."""
     fan_in, fan_out = shape
     tokens = recipe.batch * recipe.seq
     act, compute = recipe.act, recipe.compute
@@ -91,7 +105,10 @@ def linear(sim: Sim, x: int, name: str, shape: tuple[int, int], recipe: TraceRec
             param_grad=trained,
             matmul=True,
             view_grads=True,  # aten::linear reshapes the 3-D input to 2-D for the mm
+            input_grad_first=bias,
         )
+        if strided_grad:
+            base = strided_output(sim, base)
     if not (recipe.lora_rank and adapted(recipe, name)):
         return base
     if recipe.quantized:
@@ -99,7 +116,7 @@ def linear(sim: Sim, x: int, name: str, shape: tuple[int, int], recipe: TraceRec
     # peft lora.Linear.forward: `x = self._cast_input_dtype(x, fp32)` lives until the
     # return; `result = result + lora_B(lora_A(dropout(x))) * scaling` frees lora_A's
     # output when lora_B returns, then the product, then the base result.
-    lora_in, scaled = _adapter(sim, x, shape, recipe)
+    lora_in, scaled = _adapter(sim, x, shape, recipe, strided_grad=strided_grad)
     total = sim.op([base, scaled], 4 * tokens * fan_out, alias=True, cast=True)
     sim.drop(scaled, base)
     out = sim.op([total], act * tokens * fan_out) if act != 4 else total
@@ -108,6 +125,14 @@ def linear(sim: Sim, x: int, name: str, shape: tuple[int, int], recipe: TraceRec
     if lora_in != x:
         sim.drop(lora_in)
     return out
+
+
+def strided_output(sim: Sim, out: int) -> int:
+    """A matmul's 3-D output, the view of its 2-D result, whose gradient arrives as a
+    transposed view: ViewBackward0's reshape copies it contiguous, then frees it."""
+    (view,) = sim.views(out, [sim.size(out)])
+    sim.drop(out)
+    return view
 
 
 def _int8_matmul(sim: Sim, x: int, shape: tuple[int, int], recipe: TraceRecipe) -> int:
@@ -174,9 +199,12 @@ def _lora_bnb(sim: Sim, x: int, base: int, shape: tuple[int, int], recipe: Trace
     return total
 
 
-def _adapter(sim: Sim, x: int, shape: tuple[int, int], recipe: TraceRecipe) -> tuple[int, int]:
+def _adapter(
+    sim: Sim, x: int, shape: tuple[int, int], recipe: TraceRecipe, *, strided_grad: bool = False
+) -> tuple[int, int]:
     """``lora_B(lora_A(x)) * scaling`` in fp32: (the fp32 input, which its caller frees,
-    and the scaled product); lora_A's output dies when lora_B returns."""
+    and the scaled product); lora_A's output dies when lora_B returns.  ``strided_grad``:
+    lora_B's output view copies its transposed gradient (`linear`)."""
     fan_in, fan_out = shape
     tokens, rank = recipe.batch * recipe.seq, recipe.lora_rank
     lora_in = sim.op([x], 4 * tokens * fan_in) if recipe.act != 4 else x
@@ -184,6 +212,8 @@ def _adapter(sim: Sim, x: int, shape: tuple[int, int], recipe: TraceRecipe) -> t
         [lora_in], 4 * tokens * rank, save=[lora_in], param_grad=4 * rank * fan_in, matmul=True
     )
     up = sim.op([mid], 4 * tokens * fan_out, save=[mid], param_grad=4 * rank * fan_out, matmul=True)
+    if strided_grad:
+        up = strided_output(sim, up)
     sim.drop(mid)
     scaled = sim.op([up], 4 * tokens * fan_out)
     sim.drop(up)

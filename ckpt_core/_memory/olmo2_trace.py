@@ -48,10 +48,10 @@ def olmo2_attention(
     h, q, kv = arch.hidden, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
     normed = []
     for name, width in (("q", q), ("k", kv)):
-        raw = linear(sim, x, f"self_attn.{name}_proj", (h, width), recipe)
+        raw = linear(sim, x, f"self_attn.{name}_proj", (h, width), recipe, bias=arch.qkv_bias)
         normed.append(olmo_norm(sim, raw, tokens, width, recipe, dtype=act))
         sim.drop(raw)
-    value = linear(sim, x, "self_attn.v_proj", (h, kv), recipe)
+    value = linear(sim, x, "self_attn.v_proj", (h, kv), recipe, bias=arch.qkv_bias)
     query, key = normed
     if not rotary:
         query_r, key_r = query, key

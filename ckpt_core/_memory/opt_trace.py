@@ -91,9 +91,10 @@ def _attention(
     temporary), k and v, the kernel, ``out_proj``; q, k and v are locals to the return."""
     tokens, act, h = recipe.batch * recipe.seq, recipe.act, arch.hidden
     k_name, v_name, q_name, out_name = ATTENTION
-    query = scaled(sim, linear(sim, x, q_name, (h, h), recipe), act * tokens * h)
-    key = linear(sim, x, k_name, (h, h), recipe)
-    value = linear(sim, x, v_name, (h, h), recipe)
+    bias = arch.qkv_bias
+    query = scaled(sim, linear(sim, x, q_name, (h, h), recipe, bias=bias), act * tokens * h)
+    key = linear(sim, x, k_name, (h, h), recipe, bias=bias)
+    value = linear(sim, x, v_name, (h, h), recipe, bias=bias)
     out = attend(
         sim, query, key, value, arch=arch, recipe=recipe, mask=mask, held=held, output=out_name
     )
@@ -128,14 +129,14 @@ def _layer(
     mid = sim.op([x, dropped], size, alias=True)
     sim.drop(dropped)
     normed = layer_norm(sim, mid, tokens, h, recipe)
-    up = linear(sim, normed, MLP[0], (h, arch.intermediate), recipe)
+    up = linear(sim, normed, MLP[0], (h, arch.intermediate), recipe, bias=arch.mlp_bias)
     sim.drop(normed)
     inter = act * tokens * arch.intermediate
     # ReLU keeps its output; other activations their input.
     relu = arch.act == "relu"
     activated = sim.op([up], inter, save=[] if relu else [up], save_out=relu)
     sim.drop(up)
-    down = linear(sim, activated, MLP[1], (arch.intermediate, h), recipe)
+    down = linear(sim, activated, MLP[1], (arch.intermediate, h), recipe, bias=arch.mlp_bias)
     sim.drop(activated)
     dropped = dropped_out(sim, down, recipe, h, arch.hidden_dropout)
     out = sim.op([mid, dropped], size, alias=True)
