@@ -126,6 +126,11 @@ QWEN2_SLIDING = (("use_sliding_window", True), ("sliding_window", 512), ("max_wi
         Case("falcon-7b", "lora", "bf16", "eager", "selective", 2, 1024, overrides=FALCON4),
         Case("falcon-7b", "lora", "bf16", "sdpa", "medium", 2, 1024, overrides=FALCON_NEW),
         Case("falcon-7b", "full", "bf16", "eager", "off", 1, 1024, overrides=FALCON_MHA),
+        Case("bert-base-uncased", "full", "bf16", "sdpa", "off", 2, 512),
+        Case("bert-base-uncased", "full", "bf16", "eager", "medium", 2, 512),
+        Case("bert-base-uncased", "lora", "bf16", "sdpa", "selective", 2, 512),
+        Case("bert-base-uncased", "lora", "bf16", "eager", "full", 2, 512),
+        Case("bert-base-uncased", "lora", "bf16", "sdpa", "off", 2, 512, padded=True),
     ],
     ids=lambda case: (
         f"{case.preset}-{case.method}-{case.attention}-{case.tier}-s{case.seq}"
@@ -173,7 +178,13 @@ def test_the_replay_allocates_what_the_real_op_order_does(case: Case) -> None:
     the mask added in place: the recording says so where a dispatch mode would add it
     out of place), eager's weights held by the model's loop until the next layer
     returns, the new architecture's flattened copies of q, k and v, and the old one's
-    three views of the fused projection."""
+    three views of the fused projection; BERT's own forward: token-type and position
+    lookups, post-LayerNorms (each branch's dropout output kept until the LayerNorm's
+    rebinding), ``BertAttention`` checkpointed whole by ``selective``, eager attention
+    without a mask and its softmax in the dtype, the gradients of q, k and v copied back
+    to the projections' layout, the linears' ``addmm`` backward (the input's gradient
+    before the weight's), the MLM head's transform and its loss on the dtype's logits, a
+    padded batch's bidirectional mask."""
     allocated, reserved, workspace = estimate(case)
     real_allocated, real_reserved = replay(with_workspaces(record(case), workspace))
     assert allocated == pytest.approx(real_allocated, rel=0.002)

@@ -157,13 +157,14 @@ def test_a_peak_near_the_budget_is_tight() -> None:
 
 
 @pytest.mark.parametrize(
-    ("preset", "band"), [("llama-3.2-1b", 0.06), ("t5-base", 0.09), ("bert-base-uncased", 0.09)]
+    ("preset", "band"), [("llama-3.2-1b", 0.06), ("bert-base-uncased", 0.06), ("t5-base", 0.09)]
 )
 def test_a_model_the_replay_does_not_run_itself_gets_the_wider_band(
     preset: str, band: float
 ) -> None:
-    """T5 and BERT take the closed form's allocated peak and a stand-in's pool, measured up
-    to 8.2% low against their real op order: 7.5% under the budget is tight for them."""
+    """T5 takes the closed form's allocated peak and a stand-in's pool, measured up to 8.2%
+    low against its real op order: 7.5% under the budget is tight for it, not for models
+    replayed as themselves (Llama, BERT)."""
     from ckpt_core._memory.advise import estimate_tiers
 
     run = prepare(model_facts({"preset": preset}), parse_workload({"seq_len": 512}))

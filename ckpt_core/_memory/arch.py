@@ -167,7 +167,7 @@ class Arch:
     # residual (one norm per block).
     parallel_block: bool = False
     logit_scale: bool = False  # the LM head's output is scaled (Cohere: `logits * logit_scale`)
-    head_bias: bool = False  # the LM head has a bias (Phi)
+    head_bias: bool = False  # the LM head has a bias (Phi, BERT)
     # The MLP's input (without a gate) and output projections: StarCoder2's c_fc / c_proj.
     mlp_names: tuple[str, str] = ("up_proj", "down_proj")
     vision: Vision | None = None

@@ -20,6 +20,7 @@ from ckpt_core._memory.block_trace import block, norm
 from ckpt_core._memory.fused_trace import dropout, layer_norm
 from ckpt_core._memory.linear_trace import TraceRecipe
 from ckpt_core._memory.moe_trace import moe_mlp
+from ckpt_core._memory.pointwise_trace import scaled, softcap
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +74,10 @@ class TraceModel:
     ``index``'s matrices in module order, (name, experts of a stack or 0, fan in, fan
     out), when they are not Llama's (`ckpt_core._memory.step_trace`); ``tables(arch)``:
     the rows of its other hidden-wide embedding tables, loaded and trained after the
-    token embeddings (GPT-2's positions).
+    token embeddings (GPT-2's positions); ``head(arch)``: the (fan in, fan out) of the
+    matrices its head runs before the LM head's (BERT's transform, which ``norm``
+    runs), loaded after the blocks and trained by a full fine-tune; ``norm_in_head``:
+    ``norm`` is the head's (BERT's transform), not the base model's last op.
     """
 
     prepare: Callable[[Sim, Arch, TraceRecipe, int], Inputs]
@@ -81,6 +85,8 @@ class TraceModel:
     norm: Callable[[Sim, int, int, int, TraceRecipe], int]
     parameters: Callable[[Arch, int], list[tuple[str, int, int, int]]] | None = None
     tables: Callable[[Arch], tuple[int, ...]] = lambda arch: ()
+    head: Callable[[Arch], tuple[tuple[int, int], ...]] = lambda arch: ()
+    norm_in_head: bool = False
 
 
 def embedding(sim: Sim, arch: Arch, recipe: TraceRecipe) -> int:
@@ -277,6 +283,16 @@ def causal_mask(sim: Sim, recipe: TraceRecipe) -> int:
     return _padding(sim, recipe, causal)
 
 
+def bidirectional_mask(sim: Sim, recipe: TraceRecipe) -> int | None:
+    """``create_bidirectional_mask`` (BERT's): none without padding, nor for flash, which
+    reads the 2-D padding mask; else masking_utils.sdpa_mask's ``q_idx >= 0`` anded with
+    the padding's, a boolean mask per sample, made a float one for eager."""
+    if not recipe.padded or recipe.attention == "flash":
+        return None
+    mask = _padding(sim, recipe, sim.new(recipe.seq))
+    return eager_mask(sim, recipe, mask) if recipe.attention == "eager" else mask
+
+
 def _padding(sim: Sim, recipe: TraceRecipe, mask: int) -> int:
     """masking_utils' ``padding_mask_function`` (``padding_mask[batch_idx, kv_idx]``)
     anded in: a padded batch's mask is per sample."""
@@ -293,3 +309,57 @@ def eager_mask(sim: Sim, recipe: TraceRecipe, boolean: int) -> int:
     out = sim.new(recipe.act * recipe.batch * recipe.seq * recipe.seq)
     sim.drop(boolean)
     return out
+
+
+def head_and_loss(
+    sim: Sim,
+    hidden: int,
+    *,
+    arch: Arch,
+    recipe: TraceRecipe,
+    model: TraceModel,
+    inputs: Inputs,
+    loss_in_dtype: bool,
+) -> tuple[int, int]:
+    """From the last block's output ``hidden``: the final norm, the base model's return,
+    the LM head and the loss; returns (loss, logits).  ``loss_in_dtype``: the loss takes
+    the logits as they are (BERT's CrossEntropyLoss), not upcast (a causal LM's)."""
+    tokens = recipe.batch * recipe.seq
+    normed = model.norm(sim, hidden, tokens, arch.hidden, recipe)
+    # The base model's forward returns: its locals die.  Its output lives until the loss:
+    # a final norm's, or the last block's when `norm` is the head's (BERT's transform).
+    output = hidden if model.norm_in_head else normed
+    sim.drop(*inputs.unread, *inputs.returned)
+    if output != hidden:
+        sim.drop(hidden)
+    vocab = tokens * arch.vocab
+    head_bytes = recipe.logits or recipe.act
+    logits = sim.op(
+        [normed],
+        head_bytes * vocab,
+        save=[normed] if recipe.full else [],
+        param_grad=recipe.weights * arch.vocab * arch.hidden if recipe.full else 0,
+        matmul=True,
+        input_grad_first=arch.head_bias,  # `addmm`'s backward
+    )
+    if output != normed:  # `hidden_states = self.decoder(hidden_states)`
+        sim.drop(normed)
+    # GraniteForCausalLM: `logits / self.config.logits_scaling`; CohereForCausalLM:
+    # `logits * self.logit_scale`.
+    if arch.scalar_multipliers or arch.logit_scale:
+        logits = scaled(sim, logits, head_bytes * vocab)
+    if arch.final_softcap:  # Gemma2ForCausalLM.forward caps the logits before the loss
+        logits = softcap(sim, logits, head_bytes * vocab)
+    loss_bytes = head_bytes if loss_in_dtype else 4
+    upcast = sim.op([logits], loss_bytes * vocab) if head_bytes != loss_bytes else logits
+    log_softmax = sim.op([upcast], loss_bytes * vocab, save_out=True)
+    if upcast != logits:
+        sim.drop(upcast)
+    loss = sim.op([log_softmax], 4, save=[log_softmax])
+    sim.drop(log_softmax)
+    # LlamaForCausalLM.forward computes the loss before it returns: its local
+    # `hidden_states` (and `outputs.last_hidden_state`), the final norm's output, dies then.
+    sim.drop(output)
+    if not recipe.logits:
+        sim.drop(logits)
+    return loss, logits

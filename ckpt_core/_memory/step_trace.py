@@ -20,11 +20,13 @@ sliding-window masks, logit softcapping), OLMo-2 (`olmo2_trace`: post-norms,
 full-width q / k norms, fp32 RoPE), EXAONE 4 (`exaone4_trace`: post-norms, q /
 k norms per head, no RoPE on global layers), GLM-4 (`glm4_trace`: sandwich
 norms, partial RoPE from interleaved copies; GLM: its attention in Llama's
-layer) and Command R (`cohere_trace`: an fp32 norm read by parallel attention
-and MLP) are replayed as their own forward; the model's family chooses
-(`Family.trace`), and other families are replayed with the Llama block at their
-sizes. Parameters a text-only step never runs (Gemma 3's vision tower) are
-loaded and never trained (`Family.idle_tensors`).
+layer), Command R (`cohere_trace`: an fp32 norm read by parallel attention
+and MLP), GPT-2, OPT, GPT-NeoX, Falcon and BERT (`bert_trace`: post-LayerNorms,
+token types, the masked-LM head's transform, the loss in the dtype) are
+replayed as their own forward; the model's family chooses (`Family.trace`),
+and other families (T5) are replayed with the Llama block at their sizes.
+Parameters a text-only step never runs (Gemma 3's vision tower) are loaded and
+never trained (`Family.idle_tensors`).
 
 Pure Python; results cached per (architecture, step, tier, recipe).
 """
@@ -39,8 +41,8 @@ from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.autograd_sim import Sim
 from ckpt_core._memory.families import family_of
 from ckpt_core._memory.linear_trace import TraceRecipe, adapted
+from ckpt_core._memory.model_trace import head_and_loss
 from ckpt_core._memory.moe_trace import expert_parameters, shared_module, stack_rank
-from ckpt_core._memory.pointwise_trace import scaled, softcap
 
 __all__ = ["TraceRecipe", "adafactor_temporary", "simulate", "trained_tensors"]
 
@@ -133,6 +135,8 @@ def trained_tensors(arch: Arch, recipe: TraceRecipe) -> list[adafactor.Trained]:
         for index in range(arch.layers):
             for _, stacked, fan_in, fan_out in _parameters(arch, index):
                 trained.append(adafactor.Trained(weights, max(1, stacked) * fan_out, fan_in))
+        for fan_in, fan_out in _head_matrices(arch):
+            trained.append(adafactor.Trained(weights, fan_out, fan_in))
         if not arch.tied:
             trained.append(embedding)
     for index in range(arch.layers if rank else 0):
@@ -203,6 +207,8 @@ def _load_and_move(sim: Sim, arch: Arch, recipe: TraceRecipe) -> tuple[list[int]
                 sim.drop(copy)
             else:
                 sim.new(recipe.weights * n)
+    # The head's own matrices, which bitsandbytes' model-level skip list leaves as loaded.
+    others += [sim.new(recipe.weights * i * o) for i, o in _head_matrices(arch)]
     return embeddings, others
 
 
@@ -220,6 +226,7 @@ def _load_from_checkpoint(sim: Sim, arch: Arch, recipe: TraceRecipe, idle_sizes:
         for index in range(arch.layers)
         for _, stacked, fan_in, fan_out in sorted(_parameters(arch, index))
     ]
+    linears += [recipe.weights * fan_in * fan_out for fan_in, fan_out in _head_matrices(arch)]
     norms = [recipe.weights * arch.hidden] * (2 * arch.layers + 1)
     tables = [recipe.weights * rows * arch.hidden for rows in _tables(arch)]
     large = [embedding for _ in _heads(arch)] + tables + linears + idle_sizes
@@ -232,6 +239,11 @@ def _load_from_checkpoint(sim: Sim, arch: Arch, recipe: TraceRecipe, idle_sizes:
 def _tables(arch: Arch) -> tuple[int, ...]:
     """The rows of the model's other embedding tables (`TraceModel.tables`)."""
     return family_of(arch).trace(arch).tables(arch)
+
+
+def _head_matrices(arch: Arch) -> tuple[tuple[int, int], ...]:
+    """The head's matrices before the LM head's (`TraceModel.head`)."""
+    return family_of(arch).trace(arch).head(arch)
 
 
 def _heads(arch: Arch) -> range:
@@ -290,9 +302,8 @@ def _forward_backward(
 
     ``workspace``: the first step's cuBLAS workspace per thread, kept for good.
     """
-    tokens = recipe.batch * recipe.seq
     model = family_of(arch).trace(arch)
-    ids = sim.new(8 * tokens)
+    ids = sim.new(8 * recipe.batch * recipe.seq)
     inputs = model.prepare(sim, arch, recipe, workspace)
     # Adapters: the frozen embedding's output has no history, and PEFT training calls
     # `model.enable_input_require_grads()` (transformers' PreTrainedModel: a forward hook
@@ -322,34 +333,12 @@ def _forward_backward(
         sim.drop(*inputs.forward_held)
     else:
         held += inputs.forward_held
-    normed = model.norm(sim, hidden, tokens, arch.hidden, recipe)
-    sim.drop(hidden, *inputs.unread, *inputs.returned)  # the forward returns: its locals die
-    vocab = tokens * arch.vocab
-    head_bytes = recipe.logits or recipe.act
-    logits = sim.op(
-        [normed],
-        head_bytes * vocab,
-        save=[normed] if recipe.full else [],
-        param_grad=recipe.weights * arch.vocab * arch.hidden if recipe.full else 0,
-        matmul=True,
+    # A stand-in replay (T5's) runs Llama's step, its fp32 loss included.
+    family = family_of(arch)
+    in_dtype = family.replayed_exactly(arch) and not family.loss_in_fp32
+    loss, logits = head_and_loss(
+        sim, hidden, arch=arch, recipe=recipe, model=model, inputs=inputs, loss_in_dtype=in_dtype
     )
-    # GraniteForCausalLM: `logits / self.config.logits_scaling`; CohereForCausalLM:
-    # `logits * self.logit_scale`.
-    if arch.scalar_multipliers or arch.logit_scale:
-        logits = scaled(sim, logits, head_bytes * vocab)
-    if arch.final_softcap:  # Gemma2ForCausalLM.forward caps the logits before the loss
-        logits = softcap(sim, logits, head_bytes * vocab)
-    upcast = sim.op([logits], 4 * vocab) if head_bytes != 4 else logits
-    log_softmax = sim.op([upcast], 4 * vocab, save_out=True)
-    if upcast != logits:
-        sim.drop(upcast)
-    loss = sim.op([log_softmax], 4, save=[log_softmax])
-    sim.drop(log_softmax)
-    # LlamaForCausalLM.forward computes the loss before it returns: its local
-    # `hidden_states` (and `outputs.last_hidden_state`), the final norm's output, dies then.
-    sim.drop(normed)
-    if not recipe.logits:
-        sim.drop(logits)
     leaf_grads = sim.backward(loss, leaves=leaves)
     sim.drop(ids, *held)
     return [loss, logits, *leaves, *leaf_grads] if recipe.logits else [loss, *leaves, *leaf_grads]

@@ -23,11 +23,10 @@ GIB: Final = 1 << 30
 # steps, by attention kernel - the worst process-memory error bench/gpu_truth.py measures
 # over the GPU rows (eager +14.9%, sdpa -5.5%: T4 QLoRA rows), rounded up.
 TIGHT_BANDS: Final[dict[str, float]] = {"eager": 0.16, "fused": 0.06, "flash": 0.06}
-# Families the replay does not run as their own forward (`Family.replayed_exactly`: T5,
-# BERT; MoE models) take the closed form's allocated peak and a
-# stand-in's pool; against their real op order (bench/op_order.py) the pool is up to 8.2%
-# low with sdpa (T5 LoRA; MoE: 7.7%) and 7.8% with eager (BERT): sdpa's band widens to
-# cover that, eager's already does.
+# Families the replay does not run as their own forward (`Family.replayed_exactly`: T5;
+# MoE models) take the closed form's allocated peak and a stand-in's pool; against their
+# real op order (bench/op_order.py) the pool is up to 8.2% low with sdpa (T5 LoRA; MoE:
+# 7.7%): sdpa's band widens to cover that, eager's already does.
 CLOSED_FORM_BANDS: Final[dict[str, float]] = {"eager": 0.16, "fused": 0.09, "flash": 0.09}
 
 

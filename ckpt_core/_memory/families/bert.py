@@ -12,6 +12,7 @@ from typing import Any
 
 from ckpt_core._memory.arch import Arch, BlockKind, read_activation, read_int
 from ckpt_core._memory.attention import attention_core, mask_kind
+from ckpt_core._memory.bert_trace import BERT
 from ckpt_core._memory.costs import (
     BlockFlops,
     attention_block_flops,
@@ -61,6 +62,7 @@ def _read_arch(config: Any, model_type: str) -> Arch:
         positions=read_int(config, "max_position_embeddings"),
         type_vocab=read_int(config, "type_vocab_size", default=0),
         bias=True,
+        head_bias=True,  # the decoder's, tied to `cls.predictions.bias`
     )
 
 
@@ -163,4 +165,6 @@ FAMILY = Family(
     block_flops=_block_flops,
     head_flops=_head_flops,
     loss_in_fp32=False,
+    trace=lambda arch: BERT,
+    replayed_exactly=lambda arch: True,
 )
