@@ -311,6 +311,38 @@ def test_a_strided_outputs_gradient_is_copied_before_its_matmul() -> None:
     assert sim.allocator.peak_allocated - before <= (2 + 8) * MIB + 512
 
 
+@pytest.mark.parametrize("held", [False, True])
+def test_a_checkpointed_regions_further_output_lives_until_its_caller_drops_it(
+    held: bool,
+) -> None:
+    """A checkpointed attention returns its eager weights too, which the layer's ``_``
+    keeps through its MLP: handed the caller's list, the region's first forward leaves
+    them there; the recompute does not."""
+    sim = Sim()
+    x = sim.new(MIB, grad=True)
+    weights: list[int] = []
+
+    def region(s: Sim, y: int, outputs: list[int] | None = None) -> int:
+        probs = s.op([y], 8 * MIB)
+        out = s.op([probs], MIB)
+        if outputs is None:
+            s.drop(probs)
+        else:
+            outputs.append(probs)
+        return out
+
+    out = sim.checkpoint(region, x, weights if held else None)
+    assert len(weights) == (1 if held else 0)
+    assert sim.allocator.allocated == (1 + 1 + (8 if held else 0)) * MIB
+    mlp = sim.op([out], 4 * MIB)  # the layer's MLP runs while `_` still holds them
+    assert sim.allocator.allocated == (1 + 1 + 4 + (8 if held else 0)) * MIB
+    sim.drop(out, *weights)
+    loss = sim.op([mlp], 1)
+    sim.drop(mlp)
+    sim.backward(loss)
+    assert len(weights) == (1 if held else 0)  # the recompute appended nothing
+
+
 @pytest.mark.parametrize("checkpointed", [False, True])
 def test_a_dropout_keeps_its_mask_until_its_backward(checkpointed: bool) -> None:
     """CUDA's fused dropout allocates its output, then a bool mask that only its backward

@@ -56,7 +56,7 @@ class _Op:
 
 @dataclass(slots=True)
 class _Checkpoint:
-    region: Callable[[Sim, int], int]
+    region: Callable[..., int]
     inputs: int
     output: int
     packs: int  # tensors the region saves for backward (checkpoint's pack-hook calls)
@@ -372,12 +372,19 @@ class Sim:
                 self._unwound.add(tid)
             self._release_recompute_held()
 
-    def checkpoint(self, region: Callable[[Sim, int], int], x: int) -> int:
-        """Run ``region`` on ``x`` without saving; keep ``x`` for the recompute."""
+    def checkpoint(
+        self, region: Callable[..., int], x: int, outputs: list[int] | None = None
+    ) -> int:
+        """Run ``region`` on ``x`` without saving; keep ``x`` for the recompute.
+
+        ``outputs``: the checkpointed function's further outputs (eager attention's
+        weights) stay referenced by the caller, which drops them: the first forward
+        hands ``region`` the list as its third argument; the recompute does not, and
+        its outputs go with the region's locals."""
         saving, self.saving = self.saving, False
         packs, self._packs = self._packs, 0
         self._held = []
-        out = region(self, x)
+        out = region(self, x) if outputs is None else region(self, x, outputs)
         held, self._held = tuple(self._held), None
         self.saving = saving
         self.requires_grad(out)

@@ -158,7 +158,11 @@ def _layer(
     weights: list[int] = []  # `self_attention_output, _ = self.attention(...)`
     if selective:
         attn = sim.checkpoint(
-            lambda s, y: _attention(s, y, arch=arch, recipe=recipe, mask=inputs.mask), x
+            lambda s, y, held=None: _attention(
+                s, y, arch=arch, recipe=recipe, mask=inputs.mask, held=held
+            ),
+            x,
+            weights,
         )
     else:
         attn = _attention(sim, x, arch=arch, recipe=recipe, mask=inputs.mask, held=weights)

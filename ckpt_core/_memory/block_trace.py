@@ -167,8 +167,11 @@ def block(
     normed_in = layer_norm(sim, x, tokens, h, recipe)
     if selective:
         out = sim.checkpoint(
-            lambda s, y: self_attention(s, y, arch=arch, recipe=recipe, mask=mask, rotary=rotary),
+            lambda s, y, held=None: self_attention(
+                s, y, arch=arch, recipe=recipe, mask=mask, held=held, rotary=rotary
+            ),
             normed_in,
+            weights,
         )
     else:
         out = self_attention(

@@ -117,7 +117,9 @@ def cohere_layer(
     def self_attn(s: Sim, y: int, held: list[int] | None = None) -> int:
         return _attention(s, y, arch=arch, recipe=recipe, mask=mask, held=held, rotary=rotary)
 
-    attention = sim.checkpoint(self_attn, normed) if selective else self_attn(sim, normed, weights)
+    attention = (
+        sim.checkpoint(self_attn, normed, weights) if selective else self_attn(sim, normed, weights)
+    )
     mlp_out = mlp(sim, normed, arch=arch, recipe=recipe)
     size = recipe.residual * tokens * h
     partial = sim.op([x, attention], size, alias=True)

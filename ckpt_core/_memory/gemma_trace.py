@@ -27,6 +27,7 @@ from ckpt_core._memory.model_trace import (
     eager_mask,
     embedding,
     llama_layer,
+    rotary_workspace,
     sliding_mask,
     window_masked,
 )
@@ -59,7 +60,8 @@ def _gemma_prepare(
     (`_gemma_masks`), then the rotary embeddings (``rotary_tables``: Gemma and Gemma 2
     have one, Gemma 3 a global and a local one; each: fp32 ``freqs``,
     ``emb = cat(freqs, freqs)``, ``cos() * attention_scaling`` and
-    ``sin() * ...``, cast to the hidden dtype), referenced by every layer's RoPE.
+    ``sin() * ...``, cast to the hidden dtype), referenced by every layer's RoPE; the
+    position ids are one row (``cache_position.unsqueeze(0)``), broadcast over the batch.
     """
     batch, seq, h, d = recipe.batch, recipe.seq, arch.hidden, arch.head_dim
     if recipe.full:
@@ -70,19 +72,18 @@ def _gemma_prepare(
         hidden = sim.new(recipe.residual * batch * seq * h, grad=True)
     sim.drop(lookup)
     full, sliding = _gemma_masks(sim, arch, recipe, sliding_layers=sliding_layers)
-    if workspace:  # the rotary embedding's `inv_freq @ position_ids`: the first cuBLAS call
-        sim.new(workspace)
+    rotary_workspace(sim, recipe, workspace)
     tables: list[int] = []
-    for _ in range(rotary_tables):
-        freqs = sim.new(4 * batch * seq * d // 2)
-        emb = sim.new(4 * batch * seq * d)
-        cos = sim.new(4 * batch * seq * d)
-        cos_scaled = sim.new(4 * batch * seq * d)
+    for _ in range(rotary_tables):  # for position ids of one row: `cache_position[None]`
+        freqs = sim.new(4 * seq * d // 2)
+        emb = sim.new(4 * seq * d)
+        cos = sim.new(4 * seq * d)
+        cos_scaled = sim.new(4 * seq * d)
         sim.drop(cos)
-        sin = sim.new(4 * batch * seq * d)
-        sin_scaled = sim.new(4 * batch * seq * d)
+        sin = sim.new(4 * seq * d)
+        sin_scaled = sim.new(4 * seq * d)
         sim.drop(sin)
-        tables += [sim.new(recipe.residual * batch * seq * d) for _ in ("cos", "sin")]
+        tables += [sim.new(recipe.residual * seq * d) for _ in ("cos", "sin")]
         sim.drop(freqs, emb, cos_scaled, sin_scaled)
     masks = tuple(mask for mask in dict.fromkeys((full, sliding)) if mask is not None)
     return Inputs(

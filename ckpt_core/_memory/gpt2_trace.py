@@ -217,7 +217,11 @@ def _block(
     normed = layer_norm(sim, x, tokens, h, recipe)
     if selective:
         attn = sim.checkpoint(
-            lambda s, y: _attention(s, y, arch=arch, recipe=recipe, mask=inputs.mask), normed
+            lambda s, y, held=None: _attention(
+                s, y, arch=arch, recipe=recipe, mask=inputs.mask, held=held
+            ),
+            normed,
+            weights,
         )
     else:
         attn = _attention(sim, normed, arch=arch, recipe=recipe, mask=inputs.mask, held=weights)

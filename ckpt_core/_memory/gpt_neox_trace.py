@@ -82,7 +82,9 @@ def _layer(
     def attention(s: Sim, y: int, held: list[int] | None = None) -> int:
         return _attention(s, y, arch=arch, recipe=recipe, mask=mask, held=held)
 
-    attn = sim.checkpoint(attention, normed) if selective else attention(sim, normed, weights)
+    attn = (
+        sim.checkpoint(attention, normed, weights) if selective else attention(sim, normed, weights)
+    )
     sim.drop(normed)  # the argument's temporary
     attn_out = dropped_out(sim, attn, recipe, h, arch.hidden_dropout)
     if arch.parallel_attn:

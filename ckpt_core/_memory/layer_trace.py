@@ -42,7 +42,11 @@ def post_normed_layer(
     # referenced until the layer returns.
     weights: list[int] = []
     attn_in = layer_norm(sim, x) if pre_norms else x
-    out = sim.checkpoint(attention, attn_in) if selective else attention(sim, attn_in, weights)
+    out = (
+        sim.checkpoint(attention, attn_in, weights)
+        if selective
+        else attention(sim, attn_in, weights)
+    )
     if attn_in != x:
         sim.drop(attn_in)
     post = layer_norm(sim, out)

@@ -138,13 +138,19 @@ def llama_prepare(
             unread += (lookup,)
         else:
             sim.drop(lookup)
-    # The warm-up's first cuBLAS call makes the workspace (0 once made): RoPE's
-    # `inv_freq @ position_ids`, else the first linear's, once its output is allocated.
+    rotary_workspace(sim, recipe, workspace)
+    return Inputs(hidden, full, held, forward_held, sliding_mask=sliding, leaf=leaf, unread=unread)
+
+
+def rotary_workspace(sim: Sim, recipe: TraceRecipe, workspace: int) -> None:
+    """The warm-up's first cuBLAS call makes the workspace (``workspace``, 0 once made):
+    RoPE's ``inv_freq @ position_ids`` before transformers 5.19 (`TraceRecipe.rotary_matmul`),
+    made here, as a model computes its rotary tables; else the first linear's, once its
+    output is allocated."""
     if recipe.rotary_matmul and workspace:
         sim.new(workspace)
     else:
         sim.forward_workspace = workspace
-    return Inputs(hidden, full, held, forward_held, sliding_mask=sliding, leaf=leaf, unread=unread)
 
 
 def lookup_inputs(

@@ -123,7 +123,9 @@ def _layer(
     def attention(s: Sim, y: int, held: list[int] | None = None) -> int:
         return _attention(s, y, arch=arch, recipe=recipe, mask=inputs.mask, held=held)
 
-    attn = sim.checkpoint(attention, normed) if selective else attention(sim, normed, weights)
+    attn = (
+        sim.checkpoint(attention, normed, weights) if selective else attention(sim, normed, weights)
+    )
     sim.drop(normed)
     dropped = dropped_out(sim, attn, recipe, h, arch.hidden_dropout)
     mid = sim.op([x, dropped], size, alias=True)

@@ -44,7 +44,9 @@ def _phi_layer(
     def self_attn(s: Sim, y: int, held: list[int] | None = None) -> int:
         return attention(s, y, arch=arch, recipe=recipe, mask=mask, held=held)
 
-    attn = sim.checkpoint(self_attn, normed) if selective else self_attn(sim, normed, weights)
+    attn = (
+        sim.checkpoint(self_attn, normed, weights) if selective else self_attn(sim, normed, weights)
+    )
     attn_out = dropped_out(sim, attn, recipe, h, arch.hidden_dropout)
     feed_forward = mlp(sim, normed, arch=arch, recipe=recipe)
     ff_out = dropped_out(sim, feed_forward, recipe, h, arch.hidden_dropout)

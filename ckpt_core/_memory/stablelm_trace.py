@@ -43,7 +43,9 @@ def _stablelm_layer(
     def self_attn(s: Sim, y: int, held: list[int] | None = None) -> int:
         return attention(s, y, arch=arch, recipe=recipe, mask=mask, held=held)
 
-    attn = sim.checkpoint(self_attn, normed) if selective else self_attn(sim, normed, weights)
+    attn = (
+        sim.checkpoint(self_attn, normed, weights) if selective else self_attn(sim, normed, weights)
+    )
     if arch.parallel_block:  # `residual + self_attn_output + mlp_output`
         feed_forward = mlp(sim, normed, arch=arch, recipe=recipe)
         partial = sim.op([x, attn], size, alias=True)
