@@ -22,12 +22,12 @@ from ckpt_core._memory.gpt2_trace import eager_attention_in_dtype, head_view
 from ckpt_core._memory.linear_trace import TraceRecipe, linear
 from ckpt_core._memory.model_trace import Inputs, TraceModel, bidirectional_mask, embedding
 
-__all__ = ["BERT", "TRANSFORM"]
+__all__ = ["BERT"]
 
 _ATTENTION = tuple(f"attention.self.{name}" for name in ("query", "key", "value"))
 _ATTENTION_OUT = "attention.output.dense"
 _MLP = ("intermediate.dense", "output.dense")
-TRANSFORM = "cls.predictions.transform.dense"  # the MLM head's dense before the decoder
+_TRANSFORM = "cls.predictions.transform.dense"  # the MLM head's dense before the decoder
 
 
 def parameters(arch: Arch, index: int) -> list[tuple[str, int, int, int]]:
@@ -103,7 +103,7 @@ def _attention(
     eager = recipe.attention == "eager"
     key = linear(sim, x, k_name, (h, h), recipe, bias=True, strided_grad=eager)
     value = head_view(sim, linear(sim, x, v_name, (h, h), recipe, bias=True), recipe)
-    if recipe.attention == "eager":
+    if eager:
         attn, weights = eager_attention_in_dtype(
             sim, query, key, value, arch=arch, recipe=recipe, mask=mask
         )
@@ -179,7 +179,7 @@ def _layer(
 def _transform(sim: Sim, x: int, rows: int, width: int, recipe: TraceRecipe) -> int:
     """BertPredictionHeadTransform.forward: dense, activation, LayerNorm (each rebinding
     frees what it replaces); its output is the decoder's input."""
-    dense = linear(sim, x, TRANSFORM, (width, width), recipe, bias=True)
+    dense = linear(sim, x, _TRANSFORM, (width, width), recipe, bias=True)
     activated = sim.op([dense], recipe.act * rows * width, save=[dense])
     sim.drop(dense)
     out = layer_norm(sim, activated, rows, width, recipe, dtype=recipe.act)
