@@ -79,7 +79,6 @@ def _attention(
     sim.drop(qkv)
     if recipe.attention == "eager" and mask is not None:
         query, value = head_view(sim, query, recipe), head_view(sim, value, recipe)
-    if recipe.attention == "eager" and mask is not None:
         attn, weights = eager_attention_in_dtype(
             sim, query, key, value, arch=arch, recipe=recipe, mask=mask
         )

@@ -207,7 +207,8 @@ def _load_and_move(sim: Sim, arch: Arch, recipe: TraceRecipe) -> tuple[list[int]
                 sim.drop(copy)
             else:
                 sim.new(recipe.weights * n)
-    # The head's own matrices, which bitsandbytes' model-level skip list leaves as loaded.
+    # The head's own matrices, loaded as they are (bitsandbytes would quantize BERT's
+    # transform too: not modelled, docs/memory-model.md).
     others += [sim.new(recipe.weights * i * o) for i, o in _head_matrices(arch)]
     return embeddings, others
 
