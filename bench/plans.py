@@ -3,7 +3,8 @@
 Run: ``.venv/bin/python -m bench.plans`` (every bundled preset x GPU memory
 24 / 40 / 80 / 141 GiB x seq 2048 / 8192 / 32768 x method full / LoRA /
 QLoRA), ``--quick`` (a few presets) or ``--presets P ...``.  ``--cells`` prints
-every cell.
+every cell; ``--jobs N`` runs N presets at a time, each in a process of its own
+(cold and warm times are then measured with N processes sharing the machine).
 
 Per cell, with the same memory model (`tier_memory`) and FLOPs model:
 
@@ -32,6 +33,7 @@ Cells whose sequence exceeds a model's learned positions are skipped.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import itertools
 import statistics
 import time
@@ -77,20 +79,41 @@ def main() -> None:
     parser.add_argument("--presets", nargs="+", metavar="PRESET", help="these presets only")
     parser.add_argument("--cells", action="store_true", help="print every cell")
     parser.add_argument("--repeat", type=int, default=7, help="make_plan calls timed per cell")
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="presets run at a time, one process each"
+    )
     args = parser.parse_args()
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
 
     from ckpt_core._configs.presets import preset_names
 
     presets = tuple(args.presets or (QUICK if args.quick else preset_names()))
     cells: list[Cell] = []
-    for preset in presets:
-        for gib, seq, method in itertools.product(GPUS, SEQS, METHODS):
-            cell = _cell(preset, gib, seq, method, args.repeat)
-            if cell is not None:
-                cells.append(cell)
-                if args.cells:
+    with concurrent.futures.ProcessPoolExecutor(args.jobs, initializer=_warm_up) as pool:
+        # Results in the presets' order, each printed once its preset is done.
+        for done in pool.map(_preset_cells, presets, itertools.repeat(args.repeat)):
+            cells.extend(done)
+            if args.cells:
+                for cell in done:
                     print(_cell_line(cell), flush=True)
     _summary(presets, cells)
+
+
+def _warm_up() -> None:
+    """One call with a model before any cell, so no cell's cold time counts the imports."""
+    from ckpt_core import make_plan
+
+    make_plan("auto", 80.0, model={"preset": "qwen2.5-0.5b"}, workload={"seq_len": 512})
+
+
+def _preset_cells(preset: str, repeat: int) -> list[Cell]:
+    """Every cell of one preset's grid (those within its learned positions)."""
+    cells = (
+        _cell(preset, gib, seq, method, repeat)
+        for gib, seq, method in itertools.product(GPUS, SEQS, METHODS)
+    )
+    return [cell for cell in cells if cell is not None]
 
 
 def _cell(preset: str, gib: float, seq: int, method: str, repeat: int) -> Cell | None:
