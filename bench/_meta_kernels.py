@@ -20,8 +20,10 @@ Event = tuple[str, Any, int, str]
 def kernel_buffers_before(func: Any, args: Any, kwargs: Any, events: list[Event]) -> list[Any]:
     """Log the buffers ``func`` makes before its output; returns those freed after it.
 
-    bitsandbytes' CUDA ``gemm_4bit`` dequantizes the weight past 1536 rows
-    (``_dequant_linear_fallback``); its ``int8_scaled_mm`` at transformers'
+    bitsandbytes' CUDA ``gemm_4bit`` dequantizes the weight
+    (``_dequant_linear_fallback``) past 4 rows: its fused kernel wins only below a
+    per-GPU size (1536 rows at most), which a training step's rows pass on most
+    GPUs and shapes (the estimate's dequantized buffer); its ``int8_scaled_mm`` at transformers'
     outlier threshold makes the int32 product and its fp16 dequantization (cast
     to the input's dtype), and ``addmm`` remakes the output with the outlier
     columns.
@@ -36,7 +38,7 @@ def kernel_buffers_before(func: Any, args: Any, kwargs: Any, events: list[Event]
     if name == "bitsandbytes.gemm_4bit.default":
         inputs, shape = args[0], args[2]
         rows = inputs.numel() // inputs.shape[-1]
-        if rows <= 1536:
+        if rows <= 4:  # `_GEMM_4BIT_CUSTOM_FLOOR_M`: the fused kernel on any GPU
             return []
         buffer = ("dequantized", len(events))
         events.append(("malloc", buffer, shape[0] * shape[1] * inputs.element_size(), ""))

@@ -15,8 +15,9 @@ context), as ratios.
 Where meta does not run what CUDA runs: sdpa and dropout take this project's
 stand-ins (a fused kernel's saved tensors; CUDA's bool dropout mask, not the
 CPU's in the activation dtype); bitsandbytes' CUDA ``gemm_4bit`` dequantizes
-each weight into a buffer of its own past 1536 rows, which the recording
-adds; bitsandbytes' int8 layer (``--weights int8``) runs at outlier threshold 0,
+each weight into a buffer of its own past 4 rows (its fused kernel takes more,
+up to 1536, on some GPUs and shapes only), which the recording adds;
+bitsandbytes' int8 layer (``--weights int8``) runs at outlier threshold 0,
 since meta cannot make the data-dependent outlier columns, and the recording
 adds the CUDA buffers transformers' threshold 6.0 makes (the outlier mask, the
 int32 product and its fp16 dequantization); and CUDA's softmax reads fp16
@@ -211,16 +212,29 @@ def _model(case: Case) -> Any:
     config = load_model_config(case.model)
     model = build_meta_model(config, attention=case.attention).to(dtype)
     if case.method == "qlora":
+        from transformers.modeling_layers import GradientCheckpointingLayer
         from transformers.pytorch_utils import Conv1D
 
-        decoder = model.get_decoder()
-        layers = decoder.layers if hasattr(decoder, "layers") else decoder.h  # GPT-2's
-        for layer in layers:
-            for parent in list(layer.modules()):  # the attention's and the MLP's linears
+        # The text model's blocks (not an idle vision tower's, which the estimate loads as is).
+        layers = [
+            module
+            for module in model.get_decoder().modules()
+            if isinstance(module, GradientCheckpointingLayer)
+        ]
+        # The layers' linears, and a head's own (BERT's transform): transformers'
+        # bitsandbytes integration leaves only the output embeddings unquantized.
+        outside = [
+            module
+            for module in model.children()
+            if module is not model.base_model and module is not model.get_output_embeddings()
+        ]
+        for layer in (*layers, *outside):
+            for parent in list(layer.modules()):
                 for name, child in list(parent.named_children()):
                     # transformers' bitsandbytes integration quantizes GPT-2's Conv1D as a
                     # linear of its weight's (in, out) shape.
-                    if isinstance(child, (torch.nn.Linear, Conv1D)):
+                    output = child is model.get_output_embeddings()
+                    if isinstance(child, (torch.nn.Linear, Conv1D)) and not output:
                         linear = isinstance(child, torch.nn.Linear)
                         shape = (
                             (child.in_features, child.out_features)

@@ -193,6 +193,6 @@ BERT = TraceModel(
     norm=_transform,
     parameters=parameters,
     tables=lambda arch: (arch.positions, arch.type_vocab),
-    head=lambda arch: ((arch.hidden, arch.hidden),),
+    head=lambda arch: ((_TRANSFORM, 0, arch.hidden, arch.hidden),),
     norm_in_head=True,
 )

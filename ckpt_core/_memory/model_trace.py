@@ -74,9 +74,10 @@ class TraceModel:
     ``index``'s matrices in module order, (name, experts of a stack or 0, fan in, fan
     out), when they are not Llama's (`ckpt_core._memory.step_trace`); ``tables(arch)``:
     the rows of its other hidden-wide embedding tables, loaded and trained after the
-    token embeddings (GPT-2's positions); ``head(arch)``: the (fan in, fan out) of the
-    matrices its head runs before the LM head's (BERT's transform, which ``norm``
-    runs), loaded after the blocks and trained by a full fine-tune; ``norm_in_head``:
+    token embeddings (GPT-2's positions); ``head(arch)``: the linears its head runs
+    before the LM head's, as ``parameters`` lists them (BERT's transform, which ``norm``
+    runs): loaded after the blocks, quantized, adapted and trained as theirs are;
+    ``norm_in_head``:
     ``norm`` is the head's (BERT's transform), not the base model's last op.
     """
 
@@ -85,7 +86,7 @@ class TraceModel:
     norm: Callable[[Sim, int, int, int, TraceRecipe], int]
     parameters: Callable[[Arch, int], list[tuple[str, int, int, int]]] | None = None
     tables: Callable[[Arch], tuple[int, ...]] = lambda arch: ()
-    head: Callable[[Arch], tuple[tuple[int, int], ...]] = lambda arch: ()
+    head: Callable[[Arch], tuple[tuple[str, int, int, int], ...]] = lambda arch: ()
     norm_in_head: bool = False
 
 

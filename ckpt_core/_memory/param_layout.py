@@ -1,8 +1,8 @@
 """Exact parameter counts without building a model: the layout each family describes.
 
 A `ParamLayout` splits a model's parameters the way the memory model needs
-them: the linear layers inside the transformer blocks (what LoRA targets and
-bitsandbytes quantizes), MoE expert tensors (3-D parameters in transformers
+them: the linear layers inside the transformer blocks and a head's own (what
+LoRA targets and bitsandbytes quantizes), MoE expert tensors (3-D parameters in transformers
 5.24: bitsandbytes leaves them unquantized), embeddings / LM head, and the
 rest (norms, biases, routers, position tables).  Each family builds its own
 (`Family.param_layout`); the total equals ``sum(p.numel() for p in
@@ -70,7 +70,7 @@ class AdaptedParameter:
 class ParamLayout:
     """Where a model's parameters are; all counts in parameters (not bytes)."""
 
-    linears: tuple[Linear, ...]  # inside the blocks: attention and MLP projections
+    linears: tuple[Linear, ...]  # attention and MLP projections, a head's own (BERT's transform)
     experts: int  # MoE expert tensors
     embeddings: int  # input embeddings, plus the LM head when it is not tied
     other: int  # norms, biases of non-linear modules, routers, position tables

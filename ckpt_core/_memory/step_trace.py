@@ -1,6 +1,6 @@
 """The allocations of a real training step, replayed through the caching allocator.
 
-`simulate` loads the model (bitsandbytes quantizes each block linear from a
+`simulate` loads the model (bitsandbytes quantizes each linear but the LM head from a
 compute-dtype copy; PEFT's kbit preparation re-allocates every other
 parameter in fp32; adapters in fp32), then replays a warm-up step (its
 optimizer step makes the optimizer states) and the measured step, each:
@@ -123,8 +123,8 @@ def _routed(arch: Arch, index: int) -> bool:
 
 def trained_tensors(arch: Arch, recipe: TraceRecipe) -> list[adafactor.Trained]:
     """The trained matrices in ``model.parameters()`` order (the optimizer makes its states
-    and steps in that order): a full fine-tune's token embeddings, block matrices (a
-    stack of experts as one tensor) and untied LM head; else the adapters, A (rank x
+    and steps in that order): a full fine-tune's token embeddings, block and head matrices
+    (a stack of experts as one tensor) and untied LM head; else the adapters, A (rank x
     fan_in) then B (fan_out x rank), a stack's for all its experts."""
     trained: list[adafactor.Trained] = []
     weights, rank = recipe.weights, recipe.lora_rank
@@ -132,20 +132,23 @@ def trained_tensors(arch: Arch, recipe: TraceRecipe) -> list[adafactor.Trained]:
         embedding = adafactor.Trained(weights, arch.vocab, arch.hidden)
         trained.append(embedding)
         trained.extend(adafactor.Trained(weights, rows, arch.hidden) for rows in _tables(arch))
-        for index in range(arch.layers):
-            for _, stacked, fan_in, fan_out in _parameters(arch, index):
-                trained.append(adafactor.Trained(weights, max(1, stacked) * fan_out, fan_in))
-        for fan_in, fan_out in _head_matrices(arch):
-            trained.append(adafactor.Trained(weights, fan_out, fan_in))
+        for _, stacked, fan_in, fan_out in _matrices(arch):
+            trained.append(adafactor.Trained(weights, max(1, stacked) * fan_out, fan_in))
         if not arch.tied:
             trained.append(embedding)
-    for index in range(arch.layers if rank else 0):
-        for name, stacked, fan_in, fan_out in _parameters(arch, index):
-            if adapted(recipe, name):
-                width = max(1, stacked) * stack_rank(name, rank)
-                trained.append(adafactor.Trained(4, width, fan_in))
-                trained.append(adafactor.Trained(4, fan_out, width))
+    for name, stacked, fan_in, fan_out in _matrices(arch) if rank else ():
+        if adapted(recipe, name):
+            width = max(1, stacked) * stack_rank(name, rank)
+            trained.append(adafactor.Trained(4, width, fan_in))
+            trained.append(adafactor.Trained(4, fan_out, width))
     return trained
+
+
+def _matrices(arch: Arch) -> list[tuple[str, int, int, int]]:
+    """Every layer's matrices (`_parameters`), then the head's before the LM head
+    (`TraceModel.head`: BERT's transform), in module order."""
+    head = family_of(arch).trace(arch).head(arch)
+    return [item for index in range(arch.layers) for item in _parameters(arch, index)] + list(head)
 
 
 @functools.lru_cache(maxsize=512)
@@ -182,34 +185,31 @@ def _load_and_move(sim: Sim, arch: Arch, recipe: TraceRecipe) -> tuple[list[int]
     """Parameter by parameter in module order, each in a block of its own (loaded on the
     CPU and moved with ``.to(device)``; a quantized model as bitsandbytes quantizes
     each block linear from a copy on the device: 4-bit packed weights and their
-    absmax, or int8 rows and their fp32 scales).  Returns the embeddings and the other
+    absmax, or int8 rows and their fp32 scales; the head's too, BERT's transform: only
+    the output embeddings stay unquantized).  Returns the embeddings and the other
     parameters bitsandbytes leaves as loaded: the norms, and the stacked experts (it
     quantizes linear modules only)."""
     embeddings = [sim.new(recipe.weights * arch.vocab * arch.hidden) for _ in _heads(arch)]
     embeddings += [sim.new(recipe.weights * rows * arch.hidden) for rows in _tables(arch)]
     others = [sim.new(recipe.weights * arch.hidden) for _ in range(2 * arch.layers + 1)]
-    for index in range(arch.layers):
-        for _, stacked, fan_in, fan_out in _parameters(arch, index):
-            n = fan_in * fan_out
-            if stacked:
-                others.append(sim.new(recipe.weights * stacked * n))
-            elif recipe.int8:
-                # transformers' Bnb8bitQuantize: Int8Params(value.to("cpu")).to(device)
-                # copies the loaded value back as fp16 and quantizes it row-wise.
-                copies = sim.new(recipe.compute * n), sim.new(2 * n)
-                sim.new(4 * fan_out)
-                sim.new(n)
-                sim.drop(*copies)
-            elif recipe.quantized:
-                copy = sim.new(recipe.compute * n)
-                sim.new(n // 2)
-                sim.new(n // 64 if recipe.double_quant else n // 16)
-                sim.drop(copy)
-            else:
-                sim.new(recipe.weights * n)
-    # The head's own matrices, loaded as they are (bitsandbytes would quantize BERT's
-    # transform too: not modelled, docs/memory-model.md).
-    others += [sim.new(recipe.weights * i * o) for i, o in _head_matrices(arch)]
+    for _, stacked, fan_in, fan_out in _matrices(arch):
+        n = fan_in * fan_out
+        if stacked:
+            others.append(sim.new(recipe.weights * stacked * n))
+        elif recipe.int8:
+            # transformers' Bnb8bitQuantize: Int8Params(value.to("cpu")).to(device)
+            # copies the loaded value back as fp16 and quantizes it row-wise.
+            copies = sim.new(recipe.compute * n), sim.new(2 * n)
+            sim.new(4 * fan_out)
+            sim.new(n)
+            sim.drop(*copies)
+        elif recipe.quantized:
+            copy = sim.new(recipe.compute * n)
+            sim.new(n // 2)
+            sim.new(n // 64 if recipe.double_quant else n // 16)
+            sim.drop(copy)
+        else:
+            sim.new(recipe.weights * n)
     return embeddings, others
 
 
@@ -227,7 +227,7 @@ def _load_from_checkpoint(sim: Sim, arch: Arch, recipe: TraceRecipe, idle_sizes:
         for index in range(arch.layers)
         for _, stacked, fan_in, fan_out in sorted(_parameters(arch, index))
     ]
-    linears += [recipe.weights * fan_in * fan_out for fan_in, fan_out in _head_matrices(arch)]
+    linears += [recipe.weights * i * o for _, _, i, o in family_of(arch).trace(arch).head(arch)]
     norms = [recipe.weights * arch.hidden] * (2 * arch.layers + 1)
     tables = [recipe.weights * rows * arch.hidden for rows in _tables(arch)]
     large = [embedding for _ in _heads(arch)] + tables + linears + idle_sizes
@@ -240,11 +240,6 @@ def _load_from_checkpoint(sim: Sim, arch: Arch, recipe: TraceRecipe, idle_sizes:
 def _tables(arch: Arch) -> tuple[int, ...]:
     """The rows of the model's other embedding tables (`TraceModel.tables`)."""
     return family_of(arch).trace(arch).tables(arch)
-
-
-def _head_matrices(arch: Arch) -> tuple[tuple[int, int], ...]:
-    """The head's matrices before the LM head's (`TraceModel.head`)."""
-    return family_of(arch).trace(arch).head(arch)
 
 
 def _heads(arch: Arch) -> range:

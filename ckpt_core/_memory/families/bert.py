@@ -75,10 +75,13 @@ def _param_layout(arch: Arch) -> ParamLayout:
         Linear("attention.output.dense", h, h, n, bias=True),
         Linear("intermediate.dense", h, inter, n, bias=True),
         Linear("output.dense", inter, h, n, bias=True),
+        # The MLM head's dense: PEFT's all-linear (and a "dense" target) adapts it, and
+        # bitsandbytes quantizes it, as the blocks' linears.
+        Linear("cls.predictions.transform.dense", h, h, 1, bias=True),
     )
     embeddings = (arch.positions + arch.type_vocab) * h + 2 * h  # tables + LayerNorm
     blocks = n * 4 * h  # two LayerNorms per block
-    head = h * h + h + 2 * h + arch.vocab  # transform dense + LayerNorm, decoder bias
+    head = 2 * h + arch.vocab  # the transform's LayerNorm, the decoder's bias
     return ParamLayout(linears, 0, embedding_parameters(arch), embeddings + blocks + head)
 
 
