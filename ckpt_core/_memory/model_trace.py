@@ -77,8 +77,8 @@ class TraceModel:
     token embeddings (GPT-2's positions); ``head(arch)``: the linears its head runs
     before the LM head's, as ``parameters`` lists them (BERT's transform, which ``norm``
     runs): loaded after the blocks, quantized, adapted and trained as theirs are;
-    ``norm_in_head``:
-    ``norm`` is the head's (BERT's transform), not the base model's last op.
+    ``norm_in_head``: ``norm`` is the head's (BERT's transform), not the base model's
+    last op.
     """
 
     prepare: Callable[[Sim, Arch, TraceRecipe, int], Inputs]
