@@ -4,10 +4,10 @@ A `ParamLayout` splits a model's parameters the way the memory model needs
 them: the linear layers inside the transformer blocks and a head's own (what
 LoRA targets and bitsandbytes quantizes), MoE expert tensors (3-D parameters
 in transformers 5.24: bitsandbytes leaves them unquantized), embeddings / LM
-head, and the rest (norms, biases, routers, position tables).  Each family builds its own
-(`Family.param_layout`); the total equals ``sum(p.numel() for p in
-model.parameters())`` of the meta-built model (tied weights once) - a test
-checks it for every bundled preset.  (`ckpt_core._configs.size_bounds` is the
+head, and the rest (norms, biases, routers, position tables).  Each family
+builds its own (`Family.param_layout`); the total equals ``sum(p.numel() for
+p in model.parameters())`` of the meta-built model (tied weights once) - a
+test checks it for every bundled preset.  (`ckpt_core._configs.size_bounds` is the
 other counter: a rough bound from raw config keys, before anything is built.)
 
 Pure arithmetic.
