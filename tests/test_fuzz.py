@@ -156,7 +156,7 @@ def _real_config(
 
 @functools.cache
 def _block_linears(model_json: str) -> tuple[str, ...]:
-    """The block linear names of a model, as ckpt_core lists them when a target misses."""
+    """The linear names of a model, as ckpt_core lists them when a target misses."""
     try:
         ckpt_core.make_plan(
             "full",
@@ -164,7 +164,7 @@ def _block_linears(model_json: str) -> tuple[str, ...]:
             workload={"seq_len": 8, "method": "lora", "lora_targets": ["\x00"]},
         )
     except ckpt_core.InvalidWorkloadError as exc:
-        listed = exc.message.split("its block linears are ", 1)[1].split(";")[0]
+        listed = exc.message.split("its linears are ", 1)[1].split(";")[0]
         return tuple(listed.split(", "))
     raise AssertionError("a target that matches nothing was accepted")
 

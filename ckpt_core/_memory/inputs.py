@@ -252,7 +252,7 @@ def _lora_targets(layout: ParamLayout, workload: Workload) -> frozenset[str]:
         if not matched:
             experts = f"; PEFT maps {', '.join(sorted(mapped))} onto its experts" if mapped else ""
             raise InvalidWorkloadError(
-                f"lora target {target!r} matches no linear layer of this model; its block "
+                f"lora target {target!r} matches no linear layer of this model; its "
                 f"linears are {', '.join(linears)}{experts}",
                 field="workload.lora_targets",
             )
