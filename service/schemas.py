@@ -215,8 +215,9 @@ class WorkloadSpec(MeasureSpec):
         None,
         min_length=1,
         description=(
-            "Module-name suffixes LoRA adapts; null: every linear of attention and MLP, and an "
-            "MoE's stacked experts and router where PEFT adapts them (as all-linear)."
+            "Module-name suffixes LoRA adapts; null: PEFT's all-linear, every linear but the "
+            "output embeddings (attention and MLP, an MoE's stacked experts and router where "
+            "PEFT adapts them, a head's such as BERT's transform, and an idle vision tower's)."
         ),
     )
     optimizer: OptimizerField = "adamw"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, Final
 
 import pytest
 import torch
@@ -425,23 +425,46 @@ def assert_lora_matches_peft(
         assert activation_bytes(run.facts.arch, run.step, tier) == measured, tier
 
 
+ATTENTION_TARGETS: Final = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
 @pytest.mark.parametrize(
-    "model_input", [{"preset": "gemma-3-4b"}, {"config": MISTRAL3}], ids=["gemma3", "mistral3"]
+    ("model_input", "targets", "tower"),
+    [
+        ({"preset": "gemma-3-4b"}, ATTENTION_TARGETS, True),
+        ({"config": MISTRAL3}, ATTENTION_TARGETS, True),
+        ({"preset": "gemma-3-4b"}, "all-linear", True),
+        ({"config": MISTRAL3}, "all-linear", True),
+        ({"preset": "bert-base-uncased"}, "all-linear", False),
+        ({"preset": "bert-base-uncased"}, ["dense"], False),
+    ],
+    ids=[
+        "gemma3",
+        "mistral3",
+        "gemma3-all-linear",
+        "mistral3-all-linear",
+        "bert-all-linear",
+        "bert-dense",
+    ],
 )
-def test_adapter_targets_reach_the_vision_tower(model_input: dict[str, Any]) -> None:
-    """PEFT matches ``target_modules`` by suffix on every module, a vision tower's too:
-    its matching linears get adapters that text-only training never runs.  The estimate
-    loads them (fp32 weights) and trains only the text model's."""
+def test_adapter_targets_reach_the_vision_tower_and_the_head(
+    model_input: dict[str, Any], targets: list[str] | str, tower: bool
+) -> None:
+    """PEFT matches ``target_modules`` by suffix on every module, a vision tower's and a
+    head's too, and ``all-linear`` takes every linear but the output embeddings: a
+    tower's linears get adapters that text-only training never runs (the estimate loads
+    them, fp32 weights, and trains only the text model's); BERT's MLM-head transform
+    (``cls.predictions.transform.dense``) gets one that trains."""
     from peft import LoraConfig, get_peft_model
 
-    targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
     base = build_meta_model(load_model_config(model_input), attention="sdpa")
     peft_model = get_peft_model(base.to(torch.bfloat16), LoraConfig(r=16, target_modules=targets))
     towers = ("vision_tower", "multi_modal_projector")
     adapters = {n: p.numel() for n, p in peft_model.named_parameters() if "lora_" in n}
     idle = sum(size for name, size in adapters.items() if any(t in name for t in towers))
-    assert idle > 0
-    workload = {"seq_len": 512, "method": "lora", "lora_rank": 16, "lora_targets": targets}
+    assert (idle > 0) == tower
+    lora_targets = None if targets == "all-linear" else targets
+    workload = {"seq_len": 512, "method": "lora", "lora_rank": 16, "lora_targets": lora_targets}
     run = prepare(model_facts(model_input), parse_workload(workload))
     assert run.static.trainable_parameters == sum(adapters.values()) - idle
     assert run.static.weights == sum(p.nbytes for p in peft_model.parameters())

@@ -81,10 +81,10 @@ ASSUMPTIONS: Final[dict[str, str]] = {
     "full_fine_tune": "gradients and optimizer states in the parameters' dtype (torch AdamW "
     "zeros_like); fp32 master weights with compute 'autocast'; loaded in fp16, the model's "
     "keep-in-fp32 modules (T5's wo) are fp32, and so is what they compute",
-    "lora": "adapters on every linear of the blocks (PEFT's all-linear) unless lora_targets "
-    "names them; adapters, their gradients and optimizer states in fp32 (PEFT "
-    "autocast_adapter_dtype); lora_dropout 0; each adapter keeps an fp32 copy of its input "
-    "and its rank-r output",
+    "lora": "adapters on every linear but the output embeddings (PEFT's all-linear; an idle "
+    "vision tower's never train) unless lora_targets names them; adapters, their gradients "
+    "and optimizer states in fp32 (PEFT autocast_adapter_dtype); lora_dropout 0; each adapter "
+    "keeps an fp32 copy of its input and its rank-r output",
     "optimizer": "adamw 2 states (torch's foreach step holds one more parameter-sized "
     "temporary); adamw_fused 2 states and an fp32 step count per parameter on the GPU, no "
     "temporary (torch.optim.AdamW(fused=True), HF Trainer's adamw_torch_fused); adamw_8bit "

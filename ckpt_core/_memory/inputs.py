@@ -272,14 +272,16 @@ def _lora_targets(layout: ParamLayout, workload: Workload) -> frozenset[str]:
 
 def _idle_adapters(layout: ParamLayout, workload: Workload) -> tuple[int, ...]:
     """Parameters of each adapter PEFT puts on an idle tower's linears (``lora_targets``
-    match module names by suffix, a vision tower's too), A then B, in the order PEFT
-    makes them: the tower's layers, then its projector.  They never train."""
-    if workload.method == "full" or workload.lora_targets is None:
+    match module names by suffix, a vision tower's too; ``all-linear`` takes every linear
+    but the output embeddings), A then B, in the order PEFT makes them: the tower's
+    layers, then its projector.  They never train."""
+    if workload.method == "full":
         return ()
+    targets = workload.lora_targets
     matched = [
         linear
         for linear in layout.idle_linears
-        if any(matches_target(linear.name, t) for t in workload.lora_targets)
+        if targets is None or any(matches_target(linear.name, t) for t in targets)
     ]
     per_layer = [linear for linear in matched if linear.count > 1]
     layers = max((linear.count for linear in per_layer), default=0)

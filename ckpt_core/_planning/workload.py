@@ -71,7 +71,7 @@ class Workload:
     weights: WeightStorage | None = None  # None: same as dtype (nf4 for qlora)
     method: Method = "full"
     lora_rank: int = 16
-    # None: every linear of attention + MLP, as PEFT's all-linear (an MoE's experts too)
+    # None: PEFT's all-linear, every linear but the output embeddings (an MoE's experts too)
     lora_targets: tuple[str, ...] | None = None
     optimizer: Optimizer = "adamw"
     attention: Attention = "sdpa"
