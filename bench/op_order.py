@@ -212,41 +212,25 @@ def _model(case: Case) -> Any:
     config = load_model_config(case.model)
     model = build_meta_model(config, attention=case.attention).to(dtype)
     if case.method == "qlora":
-        from transformers.modeling_layers import GradientCheckpointingLayer
         from transformers.pytorch_utils import Conv1D
 
-        # The text model's blocks (not an idle vision tower's, which the estimate loads as is).
-        layers = [
-            module
-            for module in model.get_decoder().modules()
-            if isinstance(module, GradientCheckpointingLayer)
-        ]
-        # The layers' linears, and a head's own (BERT's transform): transformers'
-        # bitsandbytes integration leaves only the output embeddings unquantized.
-        outside = [
-            module
-            for module in model.children()
-            if module is not model.base_model and module is not model.get_output_embeddings()
-        ]
-        for layer in (*layers, *outside):
-            for parent in list(layer.modules()):
-                for name, child in list(parent.named_children()):
-                    # transformers' bitsandbytes integration quantizes GPT-2's Conv1D as a
-                    # linear of its weight's (in, out) shape.
-                    output = child is model.get_output_embeddings()
-                    if isinstance(child, (torch.nn.Linear, Conv1D)) and not output:
-                        linear = isinstance(child, torch.nn.Linear)
-                        shape = (
-                            (child.in_features, child.out_features)
-                            if linear
-                            else tuple(child.weight.shape)
-                        )
-                        quantized = (
-                            int8_layer(*shape)
-                            if case.weights == "int8"
-                            else (nf4_layer(*shape, dtype))
-                        )
-                        setattr(parent, name, quantized)
+        # transformers' bitsandbytes integration quantizes every linear but the output
+        # embeddings (`get_keys_to_not_convert`): a head's (BERT's transform) and an idle
+        # vision tower's too.
+        output = model.get_output_embeddings()
+        for parent in list(model.modules()):
+            for name, child in list(parent.named_children()):
+                # GPT-2's Conv1D is quantized as a linear of its weight's (in, out) shape.
+                if not isinstance(child, (torch.nn.Linear, Conv1D)) or child is output:
+                    continue
+                linear = isinstance(child, torch.nn.Linear)
+                shape = (
+                    (child.in_features, child.out_features) if linear else tuple(child.weight.shape)
+                )
+                quantized = (
+                    int8_layer(*shape) if case.weights == "int8" else nf4_layer(*shape, dtype)
+                )
+                setattr(parent, name, quantized)
         if case.weights == "int8":  # PEFT's dispatch picks its 8-bit LoRA layer by this
             model.is_loaded_in_8bit = True
         else:

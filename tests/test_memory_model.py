@@ -188,6 +188,46 @@ def test_bitsandbytes_leaves_t5_wo_unquantized(
     assert run.static.weights == quantized * (0.5 + 4 / 64) + unquantized + adapters
 
 
+ATTENTION_TARGETS: Final = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+@pytest.mark.parametrize(
+    ("model_input", "targets"),
+    [
+        ({"preset": "gemma-3-4b"}, ATTENTION_TARGETS),
+        ({"config": MISTRAL3}, ATTENTION_TARGETS),
+        ({"preset": "bert-base-uncased"}, ["query", "value"]),
+    ],
+    ids=["gemma3", "mistral3", "bert"],
+)
+def test_bitsandbytes_quantizes_every_linear_but_the_output_embeddings(
+    model_input: dict[str, Any], targets: list[str]
+) -> None:
+    """transformers' bitsandbytes integration converts every ``nn.Linear`` but the output
+    embeddings (``get_keys_to_not_convert``): an idle vision tower's and its projector's
+    (Gemma 3, Mistral 3) and BERT's masked-LM head transform too.  nf4 is 0.5 B plus an
+    fp32 absmax per 64 weights; PEFT's kbit preparation casts every other parameter to
+    fp32; the adapters (on the attention's projections) are fp32."""
+    model = build_meta_model(load_model_config(model_input), attention="sdpa")
+    output = model.get_output_embeddings()
+    linears = {
+        f"{name}.weight"
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and module is not output
+    }
+    params = dict(model.named_parameters())
+    quantized = sum(p.numel() for name, p in params.items() if name in linears)
+    others = sum(p.numel() for name, p in params.items() if name not in linears)
+    workload = {"seq_len": 512, "method": "qlora", "lora_rank": 16, "lora_targets": targets}
+    run = prepare(model_facts(model_input), parse_workload(workload))
+    adapters = run.static.weights - quantized * (0.5 + 4 / 64) - others * 4
+    from peft import LoraConfig, get_peft_model
+
+    peft_model = get_peft_model(model, LoraConfig(r=16, target_modules=targets))
+    lora = sum(p.numel() for name, p in peft_model.named_parameters() if "lora_" in name)
+    assert adapters == lora * 4
+
+
 # One preset per family and feature: dense GQA, MoE, sliding window + fused qkv,
 # sandwich norms + one kv head + sliding window, OLMo-2 q/k norms, parallel MQA
 # (Falcon), a vision-language model, encoder-decoder.  GPT-2 and BERT stop at
@@ -423,9 +463,6 @@ def assert_lora_matches_peft(
     for tier in TIERS:
         measured = measure_activation_bytes(peft_model, tier, **shape)
         assert activation_bytes(run.facts.arch, run.step, tier) == measured, tier
-
-
-ATTENTION_TARGETS: Final = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
 @pytest.mark.parametrize(
@@ -726,7 +763,6 @@ def test_a_mistral3_the_estimate_does_not_describe_is_a_config_error(
     assert raised.value.field == field
 
 
-ATTENTION_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 MLA_TARGETS = ["q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]
 
 

@@ -43,7 +43,8 @@ class Vision:
     intermediate: int
     patches: int  # position-embedding rows (SigLIP)
     patch_pixels: int  # channels x patch x patch
-    projector: tuple[int, ...]  # the projector's parameter tensors, in module order
+    # The projector's parameter tensors in module order: (elements, a linear's rows or 0).
+    projector: tuple[tuple[int, int], ...]
     projector_linears: tuple[tuple[str, int, int], ...] = ()  # (name, fan in, fan out)
 
 

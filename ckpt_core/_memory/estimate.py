@@ -209,7 +209,9 @@ def _weight_bytes(layout: ParamLayout, workload: Workload, kept: list[Linear], w
         return layout.total * DTYPE_BYTES[storage] + wide * (4 - DTYPE_BYTES[storage])
     # PEFT's prepare_model_for_kbit_training casts every non-quantized parameter to fp32.
     unquantized_bytes = 4 if workload.kbit_prepared else DTYPE_BYTES[workload.dtype]
+    # Every linear but the output embeddings: an idle vision tower's too.
     quantized_linears = [linear for linear in layout.linears if linear not in kept]
+    quantized_linears += layout.idle_linears
     quantized = sum(linear.weights for linear in quantized_linears)
     rows = sum(linear.fan_out * linear.count for linear in quantized_linears)
     unquantized = layout.total - quantized  # biases, embeddings, norms, experts, kept linears

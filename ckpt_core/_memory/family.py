@@ -51,8 +51,10 @@ class Family:
       forward, so its allocated peak is taken from the replay; other models
       take only the replay's fragmentation;
     - ``idle_tensors(arch)``: parameters loaded but never run by text-only
-      training (Gemma 3's vision tower), per tensor in module order: the replay
-      loads them, and they get no gradient and no optimizer state;
+      training (Gemma 3's vision tower), per tensor in module order, (elements,
+      a linear weight's output rows or 0): the replay loads them (bitsandbytes
+      quantizes the linears' weights), and they get no gradient and no
+      optimizer state;
     """
 
     name: str
@@ -73,7 +75,7 @@ class Family:
     keep_in_fp32: frozenset[str] = frozenset()
     trace: Callable[[Arch], TraceModel] = lambda arch: LLAMA
     replayed_exactly: Callable[[Arch], bool] = lambda arch: False
-    idle_tensors: Callable[[Arch], tuple[int, ...]] = lambda arch: ()
+    idle_tensors: Callable[[Arch], tuple[tuple[int, int], ...]] = lambda arch: ()
 
 
 def single_stack(arch: Arch) -> tuple[int, ...]:

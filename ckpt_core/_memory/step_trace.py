@@ -162,11 +162,13 @@ def _load(sim: Sim, arch: Arch, recipe: TraceRecipe) -> list[adafactor.Trained]:
     """Allocate the model as loaded and prepared (the adapters last, after those on an
     idle tower); returns `trained_tensors`."""
     # A tower text-only training never runs: loaded, never trained.
-    idle_sizes = [recipe.weights * n for n in family_of(arch).idle_tensors(arch)]
+    idle_tensors = family_of(arch).idle_tensors(arch)
     if recipe.device_map:  # unquantized: nothing is re-allocated after the load
-        _load_from_checkpoint(sim, arch, recipe, idle_sizes)
+        _load_from_checkpoint(sim, arch, recipe, [recipe.weights * n for n, _ in idle_tensors])
     else:
-        idle = [sim.new(size) for size in idle_sizes]  # first in module order
+        # First in module order; what bitsandbytes leaves as loaded PEFT's preparation casts.
+        idle = [_load_tensor(sim, recipe, n, rows) for n, rows in idle_tensors]
+        idle = [tensor for tensor in idle if tensor is not None]
         embeddings, others = _load_and_move(sim, arch, recipe)
         if recipe.quantized and recipe.kept != recipe.weights:  # PEFT's kbit preparation
             for tensor in idle + embeddings + others:
@@ -193,24 +195,34 @@ def _load_and_move(sim: Sim, arch: Arch, recipe: TraceRecipe) -> tuple[list[int]
     embeddings += [sim.new(recipe.weights * rows * arch.hidden) for rows in _tables(arch)]
     others = [sim.new(recipe.weights * arch.hidden) for _ in range(2 * arch.layers + 1)]
     for _, stacked, fan_in, fan_out in _matrices(arch):
-        n = fan_in * fan_out
         if stacked:
-            others.append(sim.new(recipe.weights * stacked * n))
-        elif recipe.int8:
-            # transformers' Bnb8bitQuantize: Int8Params(value.to("cpu")).to(device)
-            # copies the loaded value back as fp16 and quantizes it row-wise.
-            copies = sim.new(recipe.compute * n), sim.new(2 * n)
-            sim.new(4 * fan_out)
-            sim.new(n)
-            sim.drop(*copies)
-        elif recipe.quantized:
-            copy = sim.new(recipe.compute * n)
-            sim.new(n // 2)
-            sim.new(n // 64 if recipe.double_quant else n // 16)
-            sim.drop(copy)
+            others.append(sim.new(recipe.weights * stacked * fan_in * fan_out))
         else:
-            sim.new(recipe.weights * n)
+            _load_tensor(sim, recipe, fan_in * fan_out, fan_out)
     return embeddings, others
+
+
+def _load_tensor(sim: Sim, recipe: TraceRecipe, elements: int, rows: int) -> int | None:
+    """One parameter moved to the device: as loaded, or a linear's weight (``rows`` > 0)
+    quantized by bitsandbytes from a copy on the device; returns it when bitsandbytes
+    leaves it as loaded (what PEFT's kbit preparation re-allocates)."""
+    n = elements
+    if not (recipe.quantized and rows):
+        handle = sim.new(recipe.weights * n)
+        return handle if recipe.quantized else None
+    if recipe.int8:
+        # transformers' Bnb8bitQuantize: Int8Params(value.to("cpu")).to(device)
+        # copies the loaded value back as fp16 and quantizes it row-wise.
+        copies = sim.new(recipe.compute * n), sim.new(2 * n)
+        sim.new(4 * rows)
+        sim.new(n)
+        sim.drop(*copies)
+    else:
+        copy = sim.new(recipe.compute * n)
+        sim.new(n // 2)
+        sim.new(n // 64 if recipe.double_quant else n // 16)
+        sim.drop(copy)
+    return None
 
 
 def _load_from_checkpoint(sim: Sim, arch: Arch, recipe: TraceRecipe, idle_sizes: list[int]) -> None:

@@ -138,7 +138,7 @@ def _param_layout(arch: Arch) -> ParamLayout:
     head_bias = arch.vocab if arch.head_bias else 0
     other = n * (norms_per_block + qk_norm + sinks + latent_norms) + router + final_norm + head_bias
     linears = tuple(item for item in (*attention, *mlp) if item.count)
-    idle = sum(vision_tensors(arch))
+    idle = sum(elements for elements, _ in vision_tensors(arch))
     layout = ParamLayout(linears, experts, embedding_parameters(arch), other, idle)
     return replace(
         layout,

@@ -47,7 +47,7 @@ def read_vision(config: Any) -> Vision:
     if tower == "pixtral":
         projector, linears = _mistral3_projector(config, hidden, text_hidden)
     else:  # the input projection (a bare parameter), the soft-embedding norm
-        projector = (hidden * text_hidden, hidden)
+        projector = ((hidden * text_hidden, 0), (hidden, 0))
     return Vision(
         kind="pixtral" if tower == "pixtral" else "siglip",
         hidden=hidden,
@@ -62,7 +62,7 @@ def read_vision(config: Any) -> Vision:
 
 def _mistral3_projector(
     config: Any, hidden: int, text_hidden: int
-) -> tuple[tuple[int, ...], tuple[tuple[str, int, int], ...]]:
+) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[str, int, int], ...]]:
     """Mistral3MultiModalProjector's tensors (its norm, the patch merger's linear, two
     linears into the text model, with biases when ``multimodal_projector_bias``) and its
     linears (name, fan in, fan out)."""
@@ -74,14 +74,15 @@ def _mistral3_projector(
         ("linear_1", inputs, text_hidden),
         ("linear_2", text_hidden, text_hidden),
     )
-    bias = (text_hidden,) if getattr(config, "multimodal_projector_bias", False) else ()
-    merger, first, second = (fan_in * fan_out for _, fan_in, fan_out in linears)
-    return (hidden, merger, first, *bias, second, *bias), linears
+    bias = ((text_hidden, 0),) if getattr(config, "multimodal_projector_bias", False) else ()
+    merger, first, second = ((fan_in * fan_out, fan_out) for _, fan_in, fan_out in linears)
+    return ((hidden, 0), merger, first, *bias, second, *bias), linears
 
 
-def vision_tensors(arch: Arch) -> tuple[int, ...]:
+def vision_tensors(arch: Arch) -> tuple[tuple[int, int], ...]:
     """The vision tower, then the projector into the text model, per parameter tensor in
-    module order (elements); none without a tower."""
+    module order: (elements, a linear weight's output rows, else 0: what bitsandbytes
+    quantizes, as it does every linear but the output embeddings); none without a tower."""
     vision = arch.vision
     if vision is None:
         return ()
@@ -109,19 +110,26 @@ def vision_linears(arch: Arch) -> tuple[Linear, ...]:
     return (*mlp, *attention, *projector)
 
 
-def _siglip_tensors(vision: Vision) -> tuple[int, ...]:
+def _siglip_tensors(vision: Vision) -> tuple[tuple[int, int], ...]:
     """Gemma 3's SigLIP tower without head: patch conv, positions, layers, final norm."""
     hv, inter = vision.hidden, vision.intermediate
-    embeddings = (vision.patch_pixels * hv, hv, vision.patches * hv)  # patch conv, positions
-    attention = (hv * hv, hv) * 4  # k, v, q, out projections with biases
-    layer = (hv, hv, *attention, hv, hv, hv * inter, inter, inter * hv, hv)
-    return (*embeddings, *layer * vision.layers, hv, hv)
+    embeddings = _plain(vision.patch_pixels * hv, hv, vision.patches * hv)  # conv, positions
+    attention = ((hv * hv, hv), (hv, 0)) * 4  # k, v, q, out projections with biases
+    mlp = ((hv * inter, inter), (inter, 0), (inter * hv, hv), (hv, 0))
+    layer = (*_plain(hv, hv), *attention, *_plain(hv, hv), *mlp)
+    return (*embeddings, *layer * vision.layers, *_plain(hv, hv))
 
 
-def _pixtral_tensors(vision: Vision) -> tuple[int, ...]:
+def _pixtral_tensors(vision: Vision) -> tuple[tuple[int, int], ...]:
     """Mistral 3's Pixtral tower: patch conv and norm (no bias), then each layer's
     attention norm, gated MLP, k / v / q / o projections and MLP norm (its rotary
     tables are buffers)."""
     hv, inter = vision.hidden, vision.intermediate
-    layer = (hv, hv * inter, hv * inter, inter * hv, *(hv * hv,) * 4, hv)
-    return (vision.patch_pixels * hv, hv, *layer * vision.layers)
+    mlp = ((hv * inter, inter), (hv * inter, inter), (inter * hv, hv))
+    layer = (*_plain(hv), *mlp, *((hv * hv, hv),) * 4, *_plain(hv))
+    return (*_plain(vision.patch_pixels * hv, hv), *layer * vision.layers)
+
+
+def _plain(*elements: int) -> tuple[tuple[int, int], ...]:
+    """Tensors that are no linear's weight (norms, biases, embeddings, a conv)."""
+    return tuple((n, 0) for n in elements)
