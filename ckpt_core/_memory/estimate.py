@@ -13,8 +13,9 @@ a built model.  The assumptions are returned with the numbers (`ASSUMPTIONS`):
   that sequence of allocations (`ckpt_core._memory.allocator`).
 
 Weights: bf16 / fp16 2 B, fp32 4 B.  Quantized (bitsandbytes, as transformers
-loads them): only ``nn.Linear`` layers inside the blocks; embeddings, LM head,
-norms, routers and MoE expert tensors stay unquantized - in fp32 after PEFT's
+loads them): every ``nn.Linear`` but the output embeddings - the blocks', a
+head's (BERT's transform), an idle vision tower's; embeddings, LM head, norms,
+routers and MoE expert tensors stay unquantized - in fp32 after PEFT's
 ``prepare_model_for_kbit_training`` (the default ``kbit_preparation``), else
 in the compute dtype.  int8: 1 B per weight + an fp32 scale per output row.
 nf4: 0.5 B per weight + an fp32 absmax per 64-weight block (4.5 bits per
