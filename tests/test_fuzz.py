@@ -155,7 +155,7 @@ def _real_config(
 
 
 @functools.cache
-def _block_linears(model_json: str) -> tuple[str, ...]:
+def _linears(model_json: str) -> tuple[str, ...]:
     """The linear names of a model, as ckpt_core lists them when a target misses."""
     try:
         ckpt_core.make_plan(
@@ -182,7 +182,7 @@ def _with_real_targets(body: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]
     if not (isinstance(workload, dict) and _is_targets(workload.get("lora_targets"))):
         return st.just(body)
     try:
-        names = _block_linears(json.dumps(model, sort_keys=True))
+        names = _linears(json.dumps(model, sort_keys=True))
     except ckpt_core.CkptError:
         return st.just(body)  # the request is invalid anyway (no model, a bad one)
     suffixes = sorted({n.rsplit(".", 1)[-1] for n in names} | set(names))

@@ -166,9 +166,10 @@ def _load(sim: Sim, arch: Arch, recipe: TraceRecipe) -> list[adafactor.Trained]:
     if recipe.device_map:  # unquantized: nothing is re-allocated after the load
         _load_from_checkpoint(sim, arch, recipe, [recipe.weights * n for n, _ in idle_tensors])
     else:
-        # First in module order; what bitsandbytes leaves as loaded PEFT's preparation casts.
-        idle = [_load_tensor(sim, recipe, n, rows) for n, rows in idle_tensors]
-        idle = [tensor for tensor in idle if tensor is not None]
+        # First in module order; the tensors bitsandbytes leaves as loaded are kept, for
+        # PEFT's preparation to cast.
+        loaded = (_load_tensor(sim, recipe, n, rows) for n, rows in idle_tensors)
+        idle = [tensor for tensor in loaded if tensor is not None]
         embeddings, others = _load_and_move(sim, arch, recipe)
         if recipe.quantized and recipe.kept != recipe.weights:  # PEFT's kbit preparation
             for tensor in idle + embeddings + others:
@@ -202,14 +203,12 @@ def _load_and_move(sim: Sim, arch: Arch, recipe: TraceRecipe) -> tuple[list[int]
     return embeddings, others
 
 
-def _load_tensor(sim: Sim, recipe: TraceRecipe, elements: int, rows: int) -> int | None:
-    """One parameter moved to the device: as loaded, or a linear's weight (``rows`` > 0)
-    quantized by bitsandbytes from a copy on the device; returns it when bitsandbytes
-    leaves it as loaded (what PEFT's kbit preparation re-allocates)."""
-    n = elements
+def _load_tensor(sim: Sim, recipe: TraceRecipe, n: int, rows: int) -> int | None:
+    """One parameter of ``n`` elements moved to the device: as loaded (returned), or a
+    linear's weight (``rows`` > 0) quantized by bitsandbytes from a copy on the device
+    (None: nothing of it is re-allocated afterwards)."""
     if not (recipe.quantized and rows):
-        handle = sim.new(recipe.weights * n)
-        return handle if recipe.quantized else None
+        return sim.new(recipe.weights * n)
     if recipe.int8:
         # transformers' Bnb8bitQuantize: Int8Params(value.to("cpu")).to(device)
         # copies the loaded value back as fp16 and quantizes it row-wise.
