@@ -14,7 +14,9 @@ Per cell, with the same memory model (`tier_memory`) and FLOPs model:
   estimate's error band (`search.auto_pick`);
 - optimum: every count of off / selective / full blocks per kind of block
   (sliding or global attention, MoE or dense, encoder or decoder), the least
-  recompute whose peak fits.
+  recompute whose peak fits: judged as auto judges a plan, first by the search's
+  model (`PeakModel.searching`: from the full tier's replay), then by the
+  replay of its own placement.
 
 "Fits" is auto's rule for all three: the peak within ``gpu_memory x (1 -
 headroom) / (1 + band)``, the budget with the estimate's error band to spare.
@@ -159,7 +161,8 @@ def _cell(preset: str, gib: float, seq: int, method: str, repeat: int) -> Cell |
 def _exhaustive(
     arch: object, step: object, static: object, budget: int
 ) -> tuple[float | None, int]:
-    """The least recompute over every count of off / selective / full per kind that fits."""
+    """The least recompute over every count of off / selective / full per kind that fits
+    by the search's model and by its own replay (only for a plan that would improve)."""
     from ckpt_core._memory.activations import block_kinds
     from ckpt_core._memory.flops import recompute_ratio
 
@@ -169,6 +172,7 @@ def _exhaustive(
         for kind, n in kinds
     ]
     sizes = dict(kinds)
+    searching = static.searching()  # type: ignore[attr-defined]
     best: float | None = None
     plans = 0
     for choice in itertools.product(*per_kind):
@@ -185,6 +189,8 @@ def _exhaustive(
         ratio = recompute_ratio(arch, step, counts)  # type: ignore[arg-type]
         if best is not None and ratio >= best:
             continue  # cannot improve: skip the (costlier) peak
+        if searching.of(arch, step, counts).peak_bytes > budget:
+            continue
         if static.of(arch, step, counts).peak_bytes <= budget:  # type: ignore[attr-defined]
             best = ratio
     return best, plans

@@ -350,19 +350,32 @@ def test_lora_on_the_experts_is_estimated_as_the_real_op_order_runs_it(
     assert reserved == pytest.approx(real_reserved, rel=0.04)
 
 
-def test_a_block_level_plan_is_estimated_as_the_real_op_order_runs_it() -> None:
-    """A block-level plan leaves its last block unchecked (`place` spreads the
-    checkpointed blocks from the first), so the backward frees that block's kept storages
-    before it recomputes any: Llama-2-7B's shape (8 layers), LoRA, eager, seq 2048, 6 of 8
-    blocks checkpointed (this project's hooks).  Its allocated peak is the real order's
-    within 3.5% (the closed form's whole-block backward errs high); it was 18% high when a
-    recomputed block was added to every block's kept storages."""
-    case = Case("llama-2-7b", "lora", "bf16", "eager", "blocks:6", 1, 2048)
-    case = replace(case, overrides=(("num_hidden_layers", 8),))
+@pytest.mark.parametrize(
+    "case",
+    [
+        replace(
+            Case("llama-2-7b", "lora", "bf16", "eager", "blocks:6", 1, 2048),
+            overrides=(("num_hidden_layers", 8),),
+        ),
+        Case("qwen2.5-0.5b", "lora", "bf16", "sdpa", "blocks:3", 2, 256),
+        Case("qwen2.5-0.5b", "full", "bf16", "sdpa", "blocks:3", 2, 256),
+    ],
+    ids=[
+        "llama-2-7b-8-layers-6-of-8-eager",
+        "qwen2.5-0.5b-3-of-24-lora",
+        "qwen2.5-0.5b-3-of-24-full",
+    ],
+)
+def test_a_block_level_plan_is_estimated_as_the_real_op_order_runs_it(case: Case) -> None:
+    """A block-level plan is replayed as placed (`place` spreads the checkpointed blocks
+    from the first, leaving the last one unchecked), with this project's hooks in the
+    real order.  Both peaks are the real order's within 0.5% and 1%.  Judged from the
+    full tier's replay instead (the search's model), Llama-2-7B's 6 of 8 was 2.9% high
+    in allocated memory and Qwen2.5-0.5B's 3 of 24 LoRA 8.3% low in reserved."""
     allocated, reserved, workspace = estimate(case)
     real_allocated, real_reserved = replay(with_workspaces(record(case), workspace))
-    assert real_allocated <= allocated <= real_allocated * 1.035
-    assert reserved == pytest.approx(real_reserved, rel=0.03)
+    assert allocated == pytest.approx(real_allocated, rel=0.005)
+    assert reserved == pytest.approx(real_reserved, rel=0.01)
 
 
 def test_a_softmax_in_the_dtype_leaves_no_fp32_buffers_in_the_transient() -> None:

@@ -41,6 +41,7 @@ from ckpt_core._memory.families import family_of
 from ckpt_core._memory.ledger import Step
 from ckpt_core._memory.param_layout import Linear, ParamLayout
 from ckpt_core._memory.peak import Recipe, allocated_moments
+from ckpt_core._memory.placement import placed_modes
 from ckpt_core._memory.step_trace import TraceRecipe, adafactor_temporary, simulate
 from ckpt_core._memory.transient import transient_bytes
 from ckpt_core._memory.workspace import blas_workspace_bytes
@@ -336,17 +337,21 @@ def tier_memory(
     *,
     context_bytes: int = DEFAULT_CONTEXT_BYTES,
     replay: bool = True,
+    plans_from_full: bool = False,
 ) -> TierMemory:
     """Activations (closed form), transient, the allocated peak and process memory.
 
     The one peak function: the tiers' estimate, ``auto``'s search over
     block-level plans and the alternatives all call it (through `PeakModel`).
     Without a `Recipe`, gradients are held all step (the conservative old
-    default).  A tier is replayed through the caching allocator; a block-level
-    assignment takes the closed-form allocated peak plus what the closed form
-    misses at the full tier's replayed one (and at least that peak), and the full
-    tier's replayed fragmentation.  ``replay=False`` skips the replay: the peak is
-    then the closed-form allocated peak + context, a quick estimate for searches.
+    default).  A tier, or a block-level assignment placed as ``auto`` places it
+    (`ckpt_core._memory.placement`), is replayed through the caching allocator.
+    ``plans_from_full``: a block-level assignment is not replayed but takes the
+    closed-form allocated peak plus what the closed form misses at the full
+    tier's replayed one (and at least that peak), and the full tier's replayed
+    fragmentation: the search's model, which the plan it finds is then replayed
+    against.  ``replay=False`` skips the replay: the peak is then the closed-form
+    allocated peak + context, a quick estimate for searches.
     """
     activations = activation_bytes(arch, step, assignment)
     transient = transient_bytes(arch, step, assignment)
@@ -366,12 +371,17 @@ def tier_memory(
         # A tier's assignment, however it is given, is replayed as the tier: one
         # assignment, one peak (a walk that reaches every block full gets full's).
         tier = assignment if isinstance(assignment, str) else tier_named(arch, assignment)
-        simulated, reserved = simulate(arch, tier or "full", trace)
+        placed = (
+            placed_modes(arch, assignment)
+            if tier is None and not plans_from_full and not isinstance(assignment, str)
+            else None
+        )
+        simulated, reserved = simulate(arch, placed or tier or "full", trace)
         # The replay holds one whole replica: a GPU of a sharded group (its share, the
         # gathered units, the buckets) takes the closed-form peak, and the replay's
         # fragmentation on top.  The replay allocates the workspaces itself.
         exact = static.total == static.replica_total and family_of(arch).replayed_exactly(arch)
-        if exact and tier is not None:
+        if exact and (tier is not None or placed is not None):
             allocated = simulated
         else:
             allocated += workspaces
@@ -392,6 +402,7 @@ class PeakModel:
     recipe: Recipe | None = None
     context_bytes: int = DEFAULT_CONTEXT_BYTES
     replay: bool = True
+    plans_from_full: bool = False
 
     def of(self, arch: Arch, step: Step, assignment: Assignment) -> TierMemory:
         return tier_memory(
@@ -402,7 +413,13 @@ class PeakModel:
             self.recipe,
             context_bytes=self.context_bytes,
             replay=self.replay,
+            plans_from_full=self.plans_from_full,
         )
+
+    def searching(self) -> PeakModel:
+        """The same model with block-level plans judged from the full tier's replay, with
+        no replay of their own: a search's, whose answer is then replayed as placed."""
+        return replace(self, plans_from_full=True)
 
     def quick(self) -> PeakModel:
         """The same model without the allocator replay: a cheap lower bound of its peak."""

@@ -24,6 +24,7 @@ import functools
 
 from ckpt_core._memory.activations import ModeCounts, block_layout
 from ckpt_core._memory.arch import Arch, BlockKind
+from ckpt_core._memory.ledger import BlockMode
 from ckpt_core._planning.block_plan import BlockPlan, every_n_set
 
 
@@ -65,6 +66,16 @@ def _native(arch: Arch, full: tuple[tuple[BlockKind, int], ...]) -> int | None:
         if got == wanted:
             return n
     return None
+
+
+def placed_modes(arch: Arch, counts: ModeCounts) -> tuple[BlockMode, ...]:
+    """The mode of every block in module order once ``counts`` is placed (`place`)."""
+    plan = place(arch, counts)
+    full, selective = set(plan.full), set(plan.selective)
+    return tuple(
+        "full" if counter in full else "selective" if counter in selective else "off"
+        for counter, _, _, _ in block_layout(arch)
+    )
 
 
 def _counters_by_kind(arch: Arch) -> dict[BlockKind, list[int]]:

@@ -12,13 +12,17 @@ less, so that fewest only shrinks as ``F`` grows and one pass over both is
 enough (about 2 L peak evaluations, not L^2); it stops once ``F`` full blocks
 alone cost more than the best plan so far.  With several kinds, full and
 selective blocks go first to the kinds that save the most bytes per
-recomputed FLOP.  The four tiers are judged too, so the answer never costs
-more than the cheapest fitting tier.  Pure arithmetic.
+recomputed FLOP.  The walk judges a block-level plan from the full tier's
+replay (`PeakModel.searching`); the plan it finds is then replayed as placed,
+and when that replay does not fit, the walk runs again on a budget smaller by
+what the replay added.  The four tiers are judged too, so the answer never
+costs more than the cheapest fitting tier.  Pure arithmetic.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 from ckpt_core._memory.activations import (
     ModeCounts,
@@ -33,6 +37,9 @@ from ckpt_core._memory.estimate import PeakModel, TierMemory
 from ckpt_core._memory.flops import kind_flops, recompute_ratio
 from ckpt_core._memory.ledger import BlockMode, Step
 from ckpt_core._planning.tiers import CONCRETE_TIERS, ConcreteTier
+
+# How many times a walk runs again when its plan's own replay misses the budget.
+WALK_TRIES: Final = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,13 +87,13 @@ def cheapest_fit(
     fitting = [c for c in tiers.values() if c.memory.peak_bytes <= budget]
     if tiers["off"] in fitting:
         return tiers["off"]  # nothing recomputes less
-    # A block-level plan keeps at least full's peak (more activations, full's
-    # fragmentation), so only a tier can fit when full does not; a tier replayed on its
-    # own can keep less than full (tests check both).
+    # By the walk's model a block-level plan keeps at least full's peak (more
+    # activations, full's fragmentation), so only a tier can fit when full does not; a
+    # tier replayed on its own can keep less than full (tests check both).
     if tiers["full"] in fitting:
-        walked = _walk(arch, step, peak, budget)
-        if walked is not None:
-            fitting.append(evaluate(arch, step, peak, walked))
+        placed = _placed_walk(arch, step, peak, budget)
+        if placed is not None:
+            fitting.append(placed)
     if not fitting:
         return None
     return min(fitting, key=lambda c: (c.ratio, c.memory.peak_bytes, c.tier is None))
@@ -113,6 +120,27 @@ def auto_pick(
         return clear, True
     least = min(tiers.values(), key=lambda c: (c.memory.peak_bytes, -c.ratio))
     return (least, False) if least.memory.peak_bytes <= budget else None
+
+
+def _placed_walk(arch: Arch, step: Step, peak: PeakModel, budget: int) -> Candidate | None:
+    """The walk's plan, judged by the replay of its own placement.
+
+    The walk judges plans from the full tier's replay (`PeakModel.searching`), which
+    can miss a plan's own fragmentation either way; when the found plan's replay
+    exceeds ``budget``, the walk runs again on a budget smaller by what the replay
+    added (`WALK_TRIES` times at most, then no block-level plan)."""
+    searching = peak.searching()
+    walk_budget = budget
+    for _ in range(WALK_TRIES):
+        walked = _walk(arch, step, searching, walk_budget)
+        if walked is None:
+            return None
+        candidate = evaluate(arch, step, peak, walked)
+        if candidate.memory.peak_bytes <= budget:
+            return candidate
+        missed = candidate.memory.peak_bytes - searching.of(arch, step, walked).peak_bytes
+        walk_budget = min(walk_budget, budget - missed)
+    return None
 
 
 def _walk(arch: Arch, step: Step, peak: PeakModel, budget: int) -> ModeCounts | None:

@@ -28,7 +28,7 @@ and other families (T5) are replayed with the Llama block at their sizes.
 Parameters a text-only step never runs (Gemma 3's vision tower) are loaded and
 never trained (`Family.idle_tensors`).
 
-Pure Python; results cached per (architecture, step, tier, recipe).
+Pure Python; results cached per (architecture, step, tier or placed plan, recipe).
 """
 
 from __future__ import annotations
@@ -40,16 +40,24 @@ from ckpt_core._memory.activations import block_modes
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.autograd_sim import Sim
 from ckpt_core._memory.families import family_of
+from ckpt_core._memory.ledger import BlockMode
 from ckpt_core._memory.linear_trace import TraceRecipe, adapted
 from ckpt_core._memory.model_trace import head_and_loss
 from ckpt_core._memory.moe_trace import expert_parameters, shared_module, stack_rank
+from ckpt_core._planning.tiers import ConcreteTier
 
-__all__ = ["TraceRecipe", "adafactor_temporary", "simulate", "trained_tensors"]
+__all__ = ["PlanModes", "TraceRecipe", "adafactor_temporary", "simulate", "trained_tensors"]
+
+# A tier, or every block's mode in module order.
+PlanModes = ConcreteTier | tuple[BlockMode, ...]
 
 
 @functools.lru_cache(maxsize=512)
-def simulate(arch: Arch, tier: str, recipe: TraceRecipe) -> tuple[int, int]:
+def simulate(arch: Arch, plan: PlanModes, recipe: TraceRecipe) -> tuple[int, int]:
     """(peak allocated, peak reserved) of a step after a warm-up step, in bytes.
+
+    ``plan``: a tier, or every block's mode in module order (a placed block-level plan,
+    `ckpt_core._memory.placement.placed_modes`).
 
     The warm-up step is replayed first: it makes the cuBLAS workspaces, kept
     for good, its ``optimizer.step()`` makes the optimizer states,
@@ -68,12 +76,12 @@ def simulate(arch: Arch, tier: str, recipe: TraceRecipe) -> tuple[int, int]:
     if recipe.accumulate:
         sim.param_grads = [sim.new(tensor.nbytes) for tensor in trainable]
     kept: dict[object, int] = {}  # Adafactor's states and RMS scalars, by its keys
-    _step(sim, arch, tier, recipe, trainable=trainable, kept=kept, states=True)  # the warm-up
+    _step(sim, arch, plan, recipe, trainable=trainable, kept=kept, states=True)  # the warm-up
     if not recipe.accumulate:
         sim.drop(*sim.param_grads)
         sim.param_grads = []
     sim.allocator.peak_allocated = sim.allocator.allocated
-    _step(sim, arch, tier, recipe, trainable=trainable, kept=kept, states=False)
+    _step(sim, arch, plan, recipe, trainable=trainable, kept=kept, states=False)
     return sim.allocator.peak_allocated, sim.allocator.peak_reserved
 
 
@@ -261,7 +269,7 @@ def _heads(arch: Arch) -> range:
 def _step(
     sim: Sim,
     arch: Arch,
-    tier: str,
+    plan: PlanModes,
     recipe: TraceRecipe,
     *,
     trainable: list[adafactor.Trained],
@@ -271,7 +279,7 @@ def _step(
     """One training step: forward, backward, ``optimizer.step()`` (making the states
     when ``states``), then the step's output is dropped.  ``kept``: what Adafactor keeps
     from step to step."""
-    held = _forward_backward(sim, arch, tier, recipe, recipe.blas_workspace if states else 0)
+    held = _forward_backward(sim, arch, plan, recipe, recipe.blas_workspace if states else 0)
     count = recipe.optimizer_states
     if recipe.factored:
         _adafactor_step(sim, trainable, kept, first=states)
@@ -303,7 +311,7 @@ def _adafactor_step(
 
 
 def _forward_backward(
-    sim: Sim, arch: Arch, tier: str, recipe: TraceRecipe, workspace: int
+    sim: Sim, arch: Arch, plan: PlanModes, recipe: TraceRecipe, workspace: int
 ) -> list[int]:
     """One forward and backward; returns what the step's output still references.
 
@@ -326,7 +334,7 @@ def _forward_backward(
         leaves = [sim.hold(inputs.hidden)]
     sim.blas_workspace = workspace  # autograd's device thread: at the backward's first matmul
     hidden = inputs.hidden
-    modes = block_modes(arch, tier)
+    modes = block_modes(arch, plan) if isinstance(plan, str) else plan
     for index, mode in enumerate(modes):
         layer = functools.partial(model.block, arch=arch, recipe=recipe, inputs=inputs, index=index)
         if mode == "full":
