@@ -121,8 +121,8 @@ def _preset_cells(preset: str, repeat: int) -> list[Cell]:
 def _cell(preset: str, gib: float, seq: int, method: str, repeat: int) -> Cell | None:
     from ckpt_core import make_plan
     from ckpt_core._errors import InvalidWorkloadError
-    from ckpt_core._memory.estimate import tier_memory
     from ckpt_core._memory.inputs import model_facts, parse_workload, prepare
+    from ckpt_core._memory.peak_model import tier_memory
     from ckpt_core._memory.search import cheapest_fit, tier_candidates
     from ckpt_core._memory.step_trace import simulate
     from ckpt_core._memory.verdict import tight_band

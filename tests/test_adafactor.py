@@ -22,9 +22,9 @@ from ckpt_core import InvalidWorkloadError, make_plan
 from ckpt_core._configs.model_config import build_meta_model, load_model_config
 from ckpt_core._configs.presets import load_preset
 from ckpt_core._memory.adafactor import Trained, step_events
-from ckpt_core._memory.estimate import tier_memory
 from ckpt_core._memory.inputs import model_facts, parse_workload, prepare
 from ckpt_core._memory.peak import allocated_moments
+from ckpt_core._memory.peak_model import tier_memory
 from ckpt_core._memory.step_trace import simulate
 
 KIB = 1024

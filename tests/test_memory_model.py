@@ -1110,7 +1110,7 @@ def test_peak_without_allowance_matches_mem_tracker_on_meta(
 
     from ckpt_core import install_checkpoint_hooks
     from ckpt_core._configs.presets import load_preset
-    from ckpt_core._memory.estimate import tier_memory
+    from ckpt_core._memory.peak_model import tier_memory
     from ckpt_core._meta.stand_ins import meta_kernels, no_data_dependent_mask_checks
 
     model_input = {"config": {**load_preset(preset), "num_hidden_layers": layers}}

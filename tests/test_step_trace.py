@@ -9,9 +9,9 @@ import pytest
 
 from ckpt_core._memory.allocator import MIB
 from ckpt_core._memory.autograd_sim import Sim
-from ckpt_core._memory.estimate import tier_memory
 from ckpt_core._memory.inputs import model_facts, parse_workload, prepare
 from ckpt_core._memory.peak import allocated_moments
+from ckpt_core._memory.peak_model import tier_memory
 from ckpt_core._memory.step_trace import simulate
 from ckpt_core._memory.workspace import EARLIER, HOPPER_AND_LATER, blas_workspace_bytes
 from tests._model_configs import MISTRAL3
@@ -402,7 +402,7 @@ def test_the_closed_form_keeps_what_int8_linears_hold_as_the_replay_does(
     allocated peak (`tier_memory(replay=False)`) is the replay's on every tier, and its
     activations keep them through checkpointing."""
     from ckpt_core._memory.activations import activation_bytes
-    from ckpt_core._memory.estimate import tier_memory
+    from ckpt_core._memory.peak_model import tier_memory
 
     workload = {"seq_len": 1024, "micro_batch_size": 2, "method": "qlora", "weights": "int8"}
     runs = {
@@ -552,10 +552,11 @@ def test_the_closed_form_takes_the_softcapped_loss_backward_as_the_replay_does(
 
 
 def test_a_plan_between_the_tiers_adds_what_it_keeps_to_the_full_tiers_replayed_peak() -> None:
-    """gemma-2-9b QLoRA seq 8192: the closed form misses 0.08% of the full tier's replayed
-    peak.  A plan that checkpoints all blocks but one sliding block keeps that block's
-    activations beyond full: its peak is the full tier's replayed one plus that
-    difference, not the closed form's."""
+    """The search's model of a block-level plan (``plans_from_full``).  gemma-2-9b QLoRA
+    seq 8192: the closed form misses 0.08% of the full tier's replayed peak.  A plan that
+    checkpoints all blocks but one sliding block keeps that block's activations beyond
+    full: its peak is the full tier's replayed one plus that difference, not the closed
+    form's."""
     from ckpt_core._memory.activations import mode_counts
 
     workload = parse_workload({"seq_len": 8192, "method": "qlora"})
@@ -565,7 +566,9 @@ def test_a_plan_between_the_tiers_adds_what_it_keeps_to_the_full_tiers_replayed_
     plan = ((("full", sliding), count - 1), (("off", sliding), 1), global_blocks)
 
     def peak(assignment: object, *, replay: bool = True) -> int:
-        memory = tier_memory(arch, run.step, assignment, run.static, run.recipe, replay=replay)
+        memory = tier_memory(
+            arch, run.step, assignment, run.static, run.recipe, replay=replay, plans_from_full=True
+        )
         return memory.allocated_bytes
 
     kept_beyond_full = peak(plan, replay=False) - peak("full", replay=False)

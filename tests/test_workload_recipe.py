@@ -10,13 +10,10 @@ import torch
 
 from ckpt_core import InvalidWorkloadError, make_plan
 from ckpt_core._memory.activations import activation_bytes
-from ckpt_core._memory.estimate import (
-    NF4_BYTES_PER_WEIGHT,
-    NF4_DOUBLE_QUANT_BYTES_PER_WEIGHT,
-    tier_memory,
-)
+from ckpt_core._memory.estimate import NF4_BYTES_PER_WEIGHT, NF4_DOUBLE_QUANT_BYTES_PER_WEIGHT
 from ckpt_core._memory.inputs import model_facts, parse_workload, prepare
 from ckpt_core._memory.peak import allocated_moments
+from ckpt_core._memory.peak_model import tier_memory
 from ckpt_core._memory.step_trace import simulate
 from ckpt_core._planning.workload import Workload
 from tests._tiny_models import tiny_model

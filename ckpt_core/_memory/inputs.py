@@ -20,7 +20,6 @@ from ckpt_core._memory.attention import gqa_kind
 from ckpt_core._memory.context import context_bytes
 from ckpt_core._memory.estimate import (
     DTYPE_BYTES,
-    PeakModel,
     StaticMemory,
     recipe_for,
     static_memory,
@@ -36,6 +35,7 @@ from ckpt_core._memory.families import (
 from ckpt_core._memory.ledger import Step
 from ckpt_core._memory.param_layout import ParamLayout, matches_target
 from ckpt_core._memory.peak import Recipe
+from ckpt_core._memory.peak_model import PeakModel
 from ckpt_core._memory.sharding import per_gpu_memory
 from ckpt_core._memory.workspace import blas_workspace_bytes
 from ckpt_core._planning.workload import Workload

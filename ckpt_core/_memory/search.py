@@ -3,7 +3,7 @@
 The space is every count of off / selective / full blocks per kind of block
 (sliding or global attention, MoE or dense, encoder or decoder): the four
 tiers are points of it, block-level plans the rest.  Each point is judged by
-the one peak function (`ckpt_core._memory.estimate.tier_memory`) against the
+the one peak function (`ckpt_core._memory.peak_model.tier_memory`) against the
 budget and ranked by its recompute FLOPs ratio (`ckpt_core._memory.flops`).
 
 The search walks ``F`` = blocks checkpointed whole from 0 to L and, for each,
@@ -33,9 +33,9 @@ from ckpt_core._memory.activations import (
     tier_named,
 )
 from ckpt_core._memory.arch import Arch, BlockKind
-from ckpt_core._memory.estimate import PeakModel, TierMemory
 from ckpt_core._memory.flops import kind_flops, recompute_ratio
 from ckpt_core._memory.ledger import BlockMode, Step
+from ckpt_core._memory.peak_model import PeakModel, TierMemory
 from ckpt_core._planning.tiers import CONCRETE_TIERS, ConcreteTier
 
 # How many times a walk runs again when its plan's own replay misses the budget.
