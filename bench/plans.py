@@ -162,7 +162,8 @@ def _exhaustive(
     arch: object, step: object, static: object, budget: int
 ) -> tuple[float | None, int]:
     """The least recompute over every count of off / selective / full per kind that fits
-    by the search's model and by its own replay (only for a plan that would improve)."""
+    by the search's model and by its own replay: plans in order of recompute, the first
+    that fits (each replay is costly, so only the search's fits are replayed)."""
     from ckpt_core._memory.activations import block_kinds
     from ckpt_core._memory.flops import recompute_ratio
 
@@ -172,11 +173,8 @@ def _exhaustive(
         for kind, n in kinds
     ]
     sizes = dict(kinds)
-    searching = static.searching()  # type: ignore[attr-defined]
-    best: float | None = None
-    plans = 0
+    ranked = []
     for choice in itertools.product(*per_kind):
-        plans += 1
         counts = tuple(
             item
             for kind, full, selective in choice
@@ -186,14 +184,15 @@ def _exhaustive(
                 (("off", kind), sizes[kind] - full - selective),
             )
         )
-        ratio = recompute_ratio(arch, step, counts)  # type: ignore[arg-type]
-        if best is not None and ratio >= best:
-            continue  # cannot improve: skip the (costlier) peak
+        ranked.append((recompute_ratio(arch, step, counts), counts))  # type: ignore[arg-type]
+    ranked.sort(key=lambda item: item[0])
+    searching = static.searching()  # type: ignore[attr-defined]
+    for ratio, counts in ranked:
         if searching.of(arch, step, counts).peak_bytes > budget:
             continue
         if static.of(arch, step, counts).peak_bytes <= budget:  # type: ignore[attr-defined]
-            best = ratio
-    return best, plans
+            return ratio, len(ranked)
+    return None, len(ranked)
 
 
 def _cell_line(cell: Cell) -> str:

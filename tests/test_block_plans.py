@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from ckpt_core import InvalidGranularityError, Plan, make_plan
-from ckpt_core._memory.activations import block_layout
+from ckpt_core._memory.activations import block_kinds, block_layout
 from ckpt_core._memory.inputs import model_facts, parse_workload, prepare
 from ckpt_core._memory.placement import place
 from ckpt_core._memory.search import canonical, evaluate
@@ -340,3 +340,48 @@ def test_a_block_level_answer_is_judged_by_the_replay_of_its_own_placement() -> 
         assert picked.memory.peak_bytes == reserved + run.context[0] <= budget
         assert picked.ratio <= ratio, budget
         ratio = picked.ratio
+
+
+def test_auto_replays_the_plans_near_the_walks_frontier_until_one_fits() -> None:
+    """falcon-7b LoRA at seq 8192 on 141 GiB: the walk's cheapest plan (14 blocks
+    checkpointed whole, 17 by their attention, one unchecked) fits by the search's model
+    but its own replay needs 15% more (the unchecked block's math-backend scores fragment
+    the pool); with one more selective block in place of the unchecked one it fits.  auto
+    answers the least recompute that fits by both models, as an exhaustive search does,
+    not the costlier plan a walk on a smaller budget would find."""
+    from ckpt_core._memory.flops import recompute_ratio
+    from ckpt_core._memory.search import cheapest_fit, tier_candidates
+    from ckpt_core._memory.verdict import tight_band
+
+    workload = parse_workload({"seq_len": 8192, "method": "lora"})
+    run = prepare(model_facts({"preset": "falcon-7b"}), workload)
+    arch, step, peak = run.facts.arch, run.step, run.peak
+    budget = int(141 * GIB * (1 - workload.headroom) / (1 + tight_band(arch, step)))
+    ((kind, layers),) = block_kinds(arch)
+    plans = sorted(
+        (
+            recompute_ratio(arch, step, counts),
+            counts,
+        )
+        for full in range(layers + 1)
+        for selective in range(layers - full + 1)
+        if (
+            counts := (
+                (("full", kind), full),
+                (("selective", kind), selective),
+                (("off", kind), layers - full - selective),
+            )
+        )
+    )
+    optimum = next(
+        ratio
+        for ratio, counts in plans
+        if peak.searching().of(arch, step, counts).peak_bytes <= budget
+        and peak.of(arch, step, counts).peak_bytes <= budget
+    )
+    picked = cheapest_fit(arch, step, peak, budget, tier_candidates(arch, step, peak))
+    assert picked is not None and picked.tier is None
+    assert picked.ratio == pytest.approx(optimum)
+    assert picked.memory.peak_bytes <= budget
+    walked = next(c for r, c in plans if peak.searching().of(arch, step, c).peak_bytes <= budget)
+    assert peak.of(arch, step, walked).peak_bytes > 1.1 * budget

@@ -13,10 +13,11 @@ enough (about 2 L peak evaluations, not L^2); it stops once ``F`` full blocks
 alone cost more than the best plan so far.  With several kinds, full and
 selective blocks go first to the kinds that save the most bytes per
 recomputed FLOP.  The walk judges a block-level plan from the full tier's
-replay (`PeakModel.searching`); the plan it finds is then replayed as placed,
-and when that replay does not fit, the walk runs again on a budget smaller by
-what the replay added.  The four tiers are judged too, so the answer never
-costs more than the cheapest fitting tier.  Pure arithmetic.
+replay (`PeakModel.searching`); the plans near its frontier are then replayed
+as placed, cheapest first, and when none of the first few fits, the walk runs
+again on a budget smaller by what the replay added (`_placed_walk`).  The four
+tiers are judged too, so the answer never costs more than the cheapest
+fitting tier.  Pure arithmetic.
 """
 
 from __future__ import annotations
@@ -38,8 +39,12 @@ from ckpt_core._memory.ledger import BlockMode, Step
 from ckpt_core._memory.peak_model import PeakModel, TierMemory
 from ckpt_core._planning.tiers import CONCRETE_TIERS, ConcreteTier
 
-# How many times a walk runs again when its plan's own replay misses the budget.
+# How many times a walk runs again when no plan near its frontier fits by its own replay,
+# how many of them are replayed, and how many more selective blocks than the fewest that
+# fit make a plan near the frontier.
 WALK_TRIES: Final = 3
+REPLAYED: Final = 4
+EXTRA_SELECTIVE: Final = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,28 +128,38 @@ def auto_pick(
 
 
 def _placed_walk(arch: Arch, step: Step, peak: PeakModel, budget: int) -> Candidate | None:
-    """The walk's plan, judged by the replay of its own placement.
+    """The cheapest plan near the walk's frontier that fits by the replay of its own
+    placement.
 
     The walk judges plans from the full tier's replay (`PeakModel.searching`), which
-    can miss a plan's own fragmentation either way; when the found plan's replay
-    exceeds ``budget``, the walk runs again on a budget smaller by what the replay
-    added (`WALK_TRIES` times at most, then no block-level plan)."""
+    can miss a plan's own fragmentation either way (a single unchecked block among
+    selective ones, whose math-backend scores fragment the pool, by 15%).  So its
+    frontier - per count of full blocks, the fewest selective blocks that fit, and
+    one or two more - is replayed as placed in order of recompute, `REPLAYED` plans at
+    most; when none of those fits, the walk runs again on a budget smaller by what the
+    cheapest one's replay added (`WALK_TRIES` walks at most, then no block-level
+    plan)."""
     searching = peak.searching()
     walk_budget = budget
     for _ in range(WALK_TRIES):
-        walked = _walk(arch, step, searching, walk_budget)
-        if walked is None:
+        frontier = _walk(arch, step, searching, walk_budget)
+        if not frontier:
             return None
-        candidate = evaluate(arch, step, peak, walked)
-        if candidate.memory.peak_bytes <= budget:
-            return candidate
-        missed = candidate.memory.peak_bytes - searching.of(arch, step, walked).peak_bytes
+        for counts in frontier[:REPLAYED]:
+            candidate = evaluate(arch, step, peak, counts)
+            if candidate.memory.peak_bytes <= budget:
+                return candidate
+        cheapest = frontier[0]
+        replayed = evaluate(arch, step, peak, cheapest).memory.peak_bytes
+        missed = replayed - searching.of(arch, step, cheapest).peak_bytes
         walk_budget = min(walk_budget, budget - missed)
     return None
 
 
-def _walk(arch: Arch, step: Step, peak: PeakModel, budget: int) -> ModeCounts | None:
-    """The cheapest of: for each count of full blocks, the fewest selective blocks that fit."""
+def _walk(arch: Arch, step: Step, peak: PeakModel, budget: int) -> list[ModeCounts]:
+    """For each count of full blocks the walk reaches, the fewest selective blocks that
+    fit, and that plan with ``EXTRA_SELECTIVE`` more selective blocks at most; cheapest
+    first."""
     kinds = dict(block_kinds(arch))
     layers = sum(kinds.values())
     order_full, order_selective = _kind_orders(arch, step)
@@ -160,10 +175,11 @@ def _walk(arch: Arch, step: Step, peak: PeakModel, budget: int) -> ModeCounts | 
             known = fit_cache[(full, selective)] = needed <= budget
         return known
 
-    best: tuple[float, ModeCounts] | None = None
+    best: float | None = None
+    frontier: list[tuple[float, ModeCounts]] = []
     selective = layers
     for full in range(layers + 1):
-        if best is not None and recompute_ratio(arch, step, counts_of(full, 0)) >= best[0]:
+        if best is not None and recompute_ratio(arch, step, counts_of(full, 0)) >= best:
             break  # more full blocks only cost more
         selective = min(selective, layers - full)
         if not fits(full, selective):
@@ -178,9 +194,13 @@ def _walk(arch: Arch, step: Step, peak: PeakModel, budget: int) -> ModeCounts | 
             selective = 0  # the first selective block adds its recompute working set
         counts = counts_of(full, selective)
         ratio = recompute_ratio(arch, step, counts)
-        if best is None or ratio < best[0]:
-            best = (ratio, counts)
-    return None if best is None else best[1]
+        best = ratio if best is None else min(best, ratio)
+        frontier.append((ratio, counts))
+        for extra in range(1, min(EXTRA_SELECTIVE, layers - full - selective) + 1):
+            more = counts_of(full, selective + extra)
+            frontier.append((recompute_ratio(arch, step, more), more))
+    frontier.sort(key=lambda item: item[0])
+    return [counts for _, counts in frontier]
 
 
 def _kind_orders(arch: Arch, step: Step) -> tuple[list[BlockKind], list[BlockKind]]:
