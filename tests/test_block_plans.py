@@ -358,21 +358,16 @@ def test_auto_replays_the_plans_near_the_walks_frontier_until_one_fits() -> None
     arch, step, peak = run.facts.arch, run.step, run.peak
     budget = int(141 * GIB * (1 - workload.headroom) / (1 + tight_band(arch, step)))
     ((kind, layers),) = block_kinds(arch)
-    plans = sorted(
+    assignments = [
         (
-            recompute_ratio(arch, step, counts),
-            counts,
+            (("full", kind), full),
+            (("selective", kind), selective),
+            (("off", kind), layers - full - selective),
         )
         for full in range(layers + 1)
         for selective in range(layers - full + 1)
-        if (
-            counts := (
-                (("full", kind), full),
-                (("selective", kind), selective),
-                (("off", kind), layers - full - selective),
-            )
-        )
-    )
+    ]
+    plans = sorted((recompute_ratio(arch, step, counts), counts) for counts in assignments)
     optimum = next(
         ratio
         for ratio, counts in plans

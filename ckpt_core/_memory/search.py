@@ -150,8 +150,9 @@ def _placed_walk(arch: Arch, step: Step, peak: PeakModel, budget: int) -> Candid
             if candidate.memory.peak_bytes <= budget:
                 return candidate
         cheapest = frontier[0]
-        replayed = evaluate(arch, step, peak, cheapest).memory.peak_bytes
-        missed = replayed - searching.of(arch, step, cheapest).peak_bytes
+        missed = (
+            peak.of(arch, step, cheapest).peak_bytes - searching.of(arch, step, cheapest).peak_bytes
+        )
         walk_budget = min(walk_budget, budget - missed)
     return None
 
