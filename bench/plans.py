@@ -148,7 +148,7 @@ def _cell(preset: str, gib: float, seq: int, method: str, repeat: int) -> Cell |
     best = cheapest_fit(arch, step, static, budget, tiers)
     if best is not None:
         cell.auto, cell.auto_name = best.ratio, best.tier or "blocks"
-    cell.optimum, cell.plans = _exhaustive(arch, step, static, budget)
+    cell.optimum, cell.plans = exhaustive_optimum(arch, step, static, budget)
     times = []
     for _ in range(repeat):
         started = time.perf_counter()
@@ -158,7 +158,7 @@ def _cell(preset: str, gib: float, seq: int, method: str, repeat: int) -> Cell |
     return cell
 
 
-def _exhaustive(
+def exhaustive_optimum(
     arch: object, step: object, static: object, budget: int
 ) -> tuple[float | None, int]:
     """The least recompute over every count of off / selective / full per kind that fits

@@ -7,21 +7,23 @@ the one peak function (`ckpt_core._memory.peak_model.tier_memory`) against the
 budget and ranked by its recompute FLOPs ratio (`ckpt_core._memory.flops`).
 
 The search walks ``F`` = blocks checkpointed whole from 0 to L and, for each,
-finds the fewest selective blocks ``S`` that fit: more checkpointing keeps
-less, so that fewest only shrinks as ``F`` grows and one pass over both is
-enough (about 2 L peak evaluations, not L^2); it stops once ``F`` full blocks
-alone cost more than the best plan so far.  With several kinds, full and
-selective blocks go first to the kinds that save the most bytes per
-recomputed FLOP.  The walk judges a block-level plan from the full tier's
-replay (`PeakModel.searching`); the plans near its frontier are then replayed
-as placed, cheapest first, and when none of the first few fits, the walk runs
-again on a budget smaller by what the replay added (`_placed_walk`).  The four
-tiers are judged too, so the answer never costs more than the cheapest
-fitting tier.  Pure arithmetic.
+finds the fewest selective blocks ``S`` that fit by the search's model
+(`PeakModel.searching`: a block-level plan judged from the full tier's replay):
+more checkpointing keeps less, so that fewest only shrinks as ``F`` grows and
+one pass over both is enough (about 2 L peak evaluations, not L^2).  With
+several kinds, full and selective blocks go first to the kinds that save the
+most bytes per recomputed FLOP.  The plans at or above that frontier are then
+taken in order of recompute and replayed as placed, and the first whose replay
+fits is the answer (`_cheapest_replayed`); a replay that misses teaches the search's
+model what it misses for plans like it.  The four tiers are judged too, so the
+answer never costs more than the cheapest fitting tier.  Pure arithmetic.
 """
 
 from __future__ import annotations
 
+import functools
+import heapq
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -39,12 +41,9 @@ from ckpt_core._memory.ledger import BlockMode, Step
 from ckpt_core._memory.peak_model import PeakModel, TierMemory
 from ckpt_core._planning.tiers import CONCRETE_TIERS, ConcreteTier
 
-# How many times a walk runs again when no plan near its frontier fits by its own replay,
-# how many of them are replayed, and how many more selective blocks than the fewest that
-# fit make a plan near the frontier.
-WALK_TRIES: Final = 3
-REPLAYED: Final = 4
-EXTRA_SELECTIVE: Final = 2
+# How many plans one search replays at most: a replay is a step through the allocator
+# (40 to 350 ms for the bundled presets), and the answer is cached.
+REPLAYS: Final = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +95,8 @@ def cheapest_fit(
     # activations, full's fragmentation), so only a tier can fit when full does not; a
     # tier replayed on its own can keep less than full (tests check both).
     if tiers["full"] in fitting:
-        placed = _placed_walk(arch, step, peak, budget)
+        ceiling = min(c.ratio for c in fitting)
+        placed = _cheapest_replayed(arch, step, peak, budget, ceiling)
         if placed is not None:
             fitting.append(placed)
     if not fitting:
@@ -127,61 +127,88 @@ def auto_pick(
     return (least, False) if least.memory.peak_bytes <= budget else None
 
 
-def _placed_walk(arch: Arch, step: Step, peak: PeakModel, budget: int) -> Candidate | None:
-    """The cheapest plan near the walk's frontier that fits by the replay of its own
-    placement.
+@functools.lru_cache(maxsize=1024)
+def _cheapest_replayed(
+    arch: Arch, step: Step, peak: PeakModel, budget: int, ceiling: float
+) -> Candidate | None:
+    """The least recompute below ``ceiling`` that fits by the search's model and by the
+    replay of its own placement, or None.
 
-    The walk judges plans from the full tier's replay (`PeakModel.searching`), which
-    can miss a plan's own fragmentation either way (a single unchecked block among
-    selective ones, whose math-backend scores fragment the pool, by 15%).  So its
-    frontier - per count of full blocks, the fewest selective blocks that fit, and
-    one or two more - is replayed as placed in order of recompute, `REPLAYED` plans at
-    most; when none of those fits, the walk runs again on a budget smaller by what the
-    cheapest one's replay added (`WALK_TRIES` walks at most, then no block-level
-    plan)."""
+    The search's model (`PeakModel.searching`: from the full tier's replay) can miss a
+    plan's own fragmentation by 15% either way (a single unchecked block among selective
+    ones, whose math-backend scores fragment the pool), and not smoothly: one more block
+    checkpointed can reserve one more logits-sized segment.  So the plans it fits are
+    replayed in order of recompute, and the first whose replay fits is the answer.  A
+    replay that does not fit says what the search's model misses for its count of full
+    blocks, with or without unchecked blocks (an unchecked block's activations are what
+    fragments the pool beyond full's): the next plans of that kind are judged with it and
+    replayed only when they fit with it too.  `REPLAYS` replays at most (each is a step
+    through the allocator)."""
     searching = peak.searching()
-    walk_budget = budget
-    for _ in range(WALK_TRIES):
-        frontier = _walk(arch, step, searching, walk_budget)
-        if not frontier:
-            return None
-        for counts in frontier[:REPLAYED]:
-            candidate = evaluate(arch, step, peak, counts)
-            if candidate.memory.peak_bytes <= budget:
-                return candidate
-        cheapest = frontier[0]
-        missed = (
-            peak.of(arch, step, cheapest).peak_bytes - searching.of(arch, step, cheapest).peak_bytes
-        )
-        walk_budget = min(walk_budget, budget - missed)
-    return None
-
-
-def _walk(arch: Arch, step: Step, peak: PeakModel, budget: int) -> list[ModeCounts]:
-    """For each count of full blocks the walk reaches, the fewest selective blocks that
-    fit, and that plan with ``EXTRA_SELECTIVE`` more selective blocks at most; cheapest
-    first."""
     kinds = dict(block_kinds(arch))
     layers = sum(kinds.values())
     order_full, order_selective = _kind_orders(arch, step)
-    fit_cache: dict[tuple[int, int], bool] = {}
 
     def counts_of(full: int, selective: int) -> ModeCounts:
         return _distribute(kinds, full, selective, order_full, order_selective)
 
+    def searched(full: int, selective: int) -> int:
+        return searching.of(arch, step, counts_of(full, selective)).peak_bytes
+
+    def entry(full: int, selective: int) -> tuple[float, int, int]:
+        return recompute_ratio(arch, step, counts_of(full, selective)), full, selective
+
+    # Per count of full blocks, the plans from the fewest selective blocks that fit up,
+    # merged in order of recompute.
+    heap = [entry(full, selective) for full, selective in _walk(layers, searched, budget).items()]
+    heapq.heapify(heap)
+    # (full blocks, whether every block is checkpointed) -> (selective, replay - search)
+    misses: dict[tuple[int, bool], list[tuple[int, int]]] = {}
+    replays = 0
+    while heap and replays < REPLAYS:
+        ratio, full, selective = heapq.heappop(heap)
+        if ratio >= ceiling:
+            break
+        if selective < layers - full:
+            heapq.heappush(heap, entry(full, selective + 1))
+        expected = searched(full, selective)
+        regime = (full, full + selective == layers)
+        if expected + _miss(misses.get(regime, []), selective) > budget:
+            continue
+        candidate = evaluate(arch, step, peak, counts_of(full, selective))
+        replays += 1
+        if candidate.memory.peak_bytes <= budget:
+            return candidate
+        missed = candidate.memory.peak_bytes - expected
+        misses.setdefault(regime, []).append((selective, missed))
+    return None
+
+
+def _miss(replayed: list[tuple[int, int]], selective: int) -> int:
+    """What the replays of one count of full blocks added to the search's model, from the
+    replay nearest in selective blocks (the larger on a tie); none before any replay."""
+    if not replayed:
+        return 0
+    return min(replayed, key=lambda item: (abs(item[0] - selective), -item[1]))[1]
+
+
+def _walk(layers: int, searched: Callable[[int, int], int], budget: int) -> dict[int, int]:
+    """For each count of full blocks from 0 to L, the fewest selective blocks whose peak
+    (``searched(full, selective)``) fits ``budget``, where any do.
+
+    More checkpointing keeps less, so that fewest only shrinks as full blocks are added
+    and one pass over both is enough (about 2 L peak evaluations, not L^2)."""
+    fit_cache: dict[tuple[int, int], bool] = {}
+
     def fits(full: int, selective: int) -> bool:
         known = fit_cache.get((full, selective))
         if known is None:
-            needed = peak.of(arch, step, counts_of(full, selective)).peak_bytes
-            known = fit_cache[(full, selective)] = needed <= budget
+            known = fit_cache[(full, selective)] = searched(full, selective) <= budget
         return known
 
-    best: float | None = None
-    frontier: list[tuple[float, ModeCounts]] = []
+    fewest: dict[int, int] = {}
     selective = layers
     for full in range(layers + 1):
-        if best is not None and recompute_ratio(arch, step, counts_of(full, 0)) >= best:
-            break  # more full blocks only cost more
         selective = min(selective, layers - full)
         if not fits(full, selective):
             while selective < layers - full and not fits(full, selective):
@@ -193,15 +220,8 @@ def _walk(arch: Arch, step: Step, peak: PeakModel, budget: int) -> list[ModeCoun
             selective -= 1
         if selective > 0 and fits(full, 0):
             selective = 0  # the first selective block adds its recompute working set
-        counts = counts_of(full, selective)
-        ratio = recompute_ratio(arch, step, counts)
-        best = ratio if best is None else min(best, ratio)
-        frontier.append((ratio, counts))
-        for extra in range(1, min(EXTRA_SELECTIVE, layers - full - selective) + 1):
-            more = counts_of(full, selective + extra)
-            frontier.append((recompute_ratio(arch, step, more), more))
-    frontier.sort(key=lambda item: item[0])
-    return [counts for _, counts in frontier]
+        fewest[full] = selective
+    return fewest
 
 
 def _kind_orders(arch: Arch, step: Step) -> tuple[list[BlockKind], list[BlockKind]]:
