@@ -43,7 +43,10 @@ from ckpt_core._planning.tiers import CONCRETE_TIERS, ConcreteTier
 
 # How many plans one search replays at most: a replay is a step through the allocator
 # (40 to 350 ms for the bundled presets), and the answer is cached.
-REPLAYS: Final = 16
+REPLAYS: Final = 24
+# How many replays of one kind of plan must miss before their miss judges the next
+# plans of that kind: one more selective block can change a plan's replay by 4 GiB.
+CONFIRMED: Final = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,9 +144,9 @@ def _cheapest_replayed(
     replayed in order of recompute, and the first whose replay fits is the answer.  A
     replay that does not fit says what the search's model misses for its count of full
     blocks, with or without unchecked blocks (an unchecked block's activations are what
-    fragments the pool beyond full's): the next plans of that kind are judged with it and
-    replayed only when they fit with it too.  `REPLAYS` replays at most (each is a step
-    through the allocator)."""
+    fragments the pool beyond full's): once `CONFIRMED` replays of a kind missed, its
+    next plans are judged with the nearest one's miss and replayed only when they fit
+    with it too.  `REPLAYS` replays at most (each is a step through the allocator)."""
     searching = peak.searching()
     kinds = dict(block_kinds(arch))
     layers = sum(kinds.values())
@@ -173,7 +176,9 @@ def _cheapest_replayed(
             heapq.heappush(heap, entry(full, selective + 1))
         expected = searched(full, selective)
         regime = (full, full + selective == layers)
-        if expected + _miss(misses.get(regime, []), selective) > budget:
+        replayed = misses.get(regime, [])
+        miss = _miss(replayed, selective) if len(replayed) >= CONFIRMED else 0
+        if expected + miss > budget:
             continue
         candidate = evaluate(arch, step, peak, counts_of(full, selective))
         replays += 1
@@ -185,10 +190,8 @@ def _cheapest_replayed(
 
 
 def _miss(replayed: list[tuple[int, int]], selective: int) -> int:
-    """What the replays of one count of full blocks added to the search's model, from the
-    replay nearest in selective blocks (the larger on a tie); none before any replay."""
-    if not replayed:
-        return 0
+    """What the replays of one kind of plan added to the search's model, from the replay
+    nearest in selective blocks (the larger on a tie)."""
     return min(replayed, key=lambda item: (abs(item[0] - selective), -item[1]))[1]
 
 
