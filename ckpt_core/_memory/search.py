@@ -94,7 +94,7 @@ def cheapest_fit(
     fitting = [c for c in tiers.values() if c.memory.peak_bytes <= budget]
     if tiers["off"] in fitting:
         return tiers["off"]  # nothing recomputes less
-    # By the walk's model a block-level plan keeps at least full's peak (more
+    # By the search's model a block-level plan keeps at least full's peak (more
     # activations, full's fragmentation), so only a tier can fit when full does not; a
     # tier replayed on its own can keep less than full (tests check both).
     if tiers["full"] in fitting:
