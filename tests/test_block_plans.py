@@ -16,7 +16,7 @@ from ckpt_core import InvalidGranularityError, Plan, make_plan
 from ckpt_core._memory.activations import block_kinds, block_layout
 from ckpt_core._memory.inputs import model_facts, parse_workload, prepare
 from ckpt_core._memory.placement import place
-from ckpt_core._memory.search import canonical, evaluate
+from ckpt_core._memory.search import Candidate, canonical, evaluate
 from ckpt_core._planning.block_plan import BlockPlan, every_n_set
 from ckpt_core._planning.training_args import parse_transformers_version, trainer_settings
 from tests._auto_rule import assert_auto_rule
@@ -365,6 +365,28 @@ def test_auto_is_within_one_percent_of_the_exhaustive_optimum(
     own fragmentation most.  auto answers within 1% of the least recompute that fits by
     both models over every count of off / selective / full blocks (`bench.plans`), with
     its own replay's peak within the budget."""
+    picked, optimum, budget = _auto_and_optimum(preset, gib, method)
+    assert picked.memory.peak_bytes <= budget
+    assert optimum <= picked.ratio <= 1.01 * optimum
+
+
+@pytest.mark.parametrize(
+    ("preset", "gib", "method"), [("qwen2.5-7b", 141, "full"), ("llama-3.2-3b", 141, "qlora")]
+)
+def test_one_missed_replay_does_not_rule_out_the_next_plans_of_its_kind(
+    preset: str, gib: int, method: str
+) -> None:
+    """One more selective block can move a plan's own replay by GiBs either way, so one
+    replay's miss is no guide to the next plan with as many full blocks: judged by it,
+    these cells answered 1.0257x and 1.1482x.  auto answers the exhaustive optimum."""
+    picked, optimum, budget = _auto_and_optimum(preset, gib, method)
+    assert picked.tier is None and picked.ratio == pytest.approx(optimum)
+    assert picked.memory.peak_bytes <= budget
+
+
+def _auto_and_optimum(preset: str, gib: int, method: str) -> tuple[Candidate, float, int]:
+    """At seq 8192: auto's plan (its peaks its own replay's), the exhaustive optimum of
+    `bench.plans`, and the budget both are judged against."""
     from bench.plans import exhaustive_optimum
     from ckpt_core._memory.search import cheapest_fit, tier_candidates
     from ckpt_core._memory.verdict import tight_band
@@ -376,6 +398,5 @@ def test_auto_is_within_one_percent_of_the_exhaustive_optimum(
     optimum, _ = exhaustive_optimum(arch, step, peak, budget)
     picked = cheapest_fit(arch, step, peak, budget, tier_candidates(arch, step, peak))
     assert optimum is not None and picked is not None
-    assert picked.memory.peak_bytes <= budget
-    assert picked.memory.peak_bytes == peak.of(arch, step, picked.counts).peak_bytes
-    assert optimum <= picked.ratio <= 1.01 * optimum
+    assert picked.memory == peak.of(arch, step, picked.counts)
+    return picked, optimum, budget
