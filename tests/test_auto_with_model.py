@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from ckpt_core import InvalidWorkloadError, ModelConfigError, make_plan
+from ckpt_core import InvalidWorkloadError, ModelConfigError, load_preset, make_plan
 from ckpt_core._memory.alternatives import SEQ_UNIT
 from ckpt_core._planning.tiers import auto_granularity_by_memory
 from tests._auto_rule import assert_auto_rule
@@ -112,6 +112,30 @@ def test_nothing_fits_says_so_and_its_alternatives_fit() -> None:
             )
             if other is not option and closer and other["changes"] != option["changes"]:
                 assert other["recompute_flops_ratio"] > option["recompute_flops_ratio"]
+
+
+@pytest.mark.parametrize(("method", "bytes_each"), [("qlora", 4), ("lora", 2)])
+def test_nothing_fits_for_an_moe_model_says_qlora_leaves_its_experts_unquantized(
+    method: str, bytes_each: int
+) -> None:
+    """transformers stores Mixtral's experts as stacked tensors, which bitsandbytes does not
+    quantize: the reason gives their bytes (fp32 after PEFT's kbit preparation)."""
+    config = load_preset("mixtral-8x7b")
+    experts = (
+        config["num_hidden_layers"]
+        * config["num_local_experts"]
+        * 3  # gate, up and down projections
+        * config["hidden_size"]
+        * config["intermediate_size"]
+    )
+    workload = {"seq_len": 4096, "method": method}
+    result = plan(gpu_memory_gb=80, model={"preset": "mixtral-8x7b"}, workload=workload)
+    assert "nothing fits" in result.reason and result.estimate["alternatives"] == []
+    gib = experts * bytes_each / 2**30
+    assert f"{gib:.1f} GiB of it the model's expert weights" in result.reason
+    assert "bitsandbytes quantizes linear layers only" in result.reason
+    dense = plan(gpu_memory_gb=24, model={"preset": "llama-3.1-70b"}, workload=workload)
+    assert "nothing fits" in dense.reason and "expert weights" not in dense.reason
 
 
 def test_without_gpu_memory_auto_is_full_and_says_why() -> None:

@@ -7,7 +7,7 @@
         {"activation_bytes", "peak_bytes", "recompute_flops_ratio", "fits"}},
      "chosen": {"granularity", "blocks_checkpointed", "blocks_selective", "blocks",
         "activation_bytes", "peak_bytes", "recompute_flops_ratio", "fits"},
-     "alternatives": [...]}  # auto only, when nothing fits
+     "alternatives": [...]}  # auto only, when nothing fits (empty: no nearby workload fits)
 
 `choose` picks ``auto``'s plan (`search.auto_pick`): the least recompute FLOPs
 ratio, among the four tiers and the block-level plans between them, whose peak
@@ -31,6 +31,7 @@ from ckpt_core._memory.alternatives import Alternative, alternatives, judges_for
 from ckpt_core._memory.estimate import (
     ASSUMPTIONS,
     GIB,
+    unquantized_parameter_bytes,
 )
 from ckpt_core._memory.inputs import Run, model_facts, parse_workload, prepare
 from ckpt_core._memory.placement import place
@@ -51,7 +52,7 @@ class Choice:
     reason: str
     candidate: Candidate
     block_plan: BlockPlan | None = None
-    alternatives: tuple[Alternative, ...] = ()
+    alternatives: tuple[Alternative, ...] | None = None  # searched when nothing fits
 
 
 def estimate_tiers(
@@ -191,6 +192,7 @@ def _options_text(run: Run, options: tuple[Alternative, ...]) -> str:
         return (
             "no lighter method (LoRA, QLoRA), shorter sequence or smaller micro-batch fits: "
             f"weights, gradients and optimizer states alone take {_gib(run.static.total)}"
+            + _unquantized_experts_note(run)
         )
     parts = []
     for option in options:
@@ -203,6 +205,21 @@ def _options_text(run: Run, options: tuple[Alternative, ...]) -> str:
             f"({row['recompute_flops_ratio']:.4f}x FLOPs, peak {_gib(row['peak_bytes'])})"
         )
     return "what would fit: " + "; ".join(parts)
+
+
+def _unquantized_experts_note(run: Run) -> str:
+    """Why QLoRA does not shrink an MoE model: transformers stores its experts as stacked
+    3-D parameters, which bitsandbytes (it replaces ``nn.Linear``) leaves as they are."""
+    experts, workload = run.facts.layout.experts, run.workload
+    if not experts:
+        return ""
+    each = unquantized_parameter_bytes(workload)
+    cast = " (fp32 after PEFT's kbit preparation)" if workload.kbit_prepared else ""
+    return (
+        f", {_gib(experts * each)} of it the model's expert weights{cast}, which QLoRA "
+        "leaves unquantized: transformers stores them as stacked tensors and bitsandbytes "
+        "quantizes linear layers only"
+    )
 
 
 def selective_note(run: Run, estimate: Mapping[str, Any], chosen: str) -> str:
@@ -258,7 +275,7 @@ def advise(
     if tier == "auto":
         choice = choose(run, estimate, gpu_memory_gb, tiers)
         estimate["chosen"] = chosen_row(choice.candidate, budget, band)
-        if choice.alternatives:
+        if choice.alternatives is not None:
             estimate["alternatives"] = [a.to_dict(run.workload) for a in choice.alternatives]
         chosen = _label(choice.candidate) if choice.block_plan else choice.granularity or "off"
         description = (

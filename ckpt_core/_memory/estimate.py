@@ -67,7 +67,8 @@ ASSUMPTIONS: Final[dict[str, str]] = {
     "softmax kept) for calls no fused kernel takes: grouped heads without a mask in fp32 or "
     "on a GPU below compute capability 8.0 (sdpa_backend auto), Falcon-7B's one key head",
     "quantization": "bitsandbytes: block linears quantized but the model's keep-in-fp32 "
-    "modules (T5's wo); nf4 = 0.5 B/weight + fp32 absmax "
+    "modules (T5's wo); MoE experts, stacked tensors rather than linear layers, stay "
+    "unquantized; nf4 = 0.5 B/weight + fp32 absmax "
     "per 64 (double_quant: 8-bit absmax + fp32 per 256 blocks); int8 = 1 B/weight + fp32 row "
     "scales, and each int8 linear keeps its input as an attribute, through checkpointing too; "
     "other parameters fp32 after PEFT's kbit preparation (kbit_preparation 'peft'), "
@@ -189,14 +190,22 @@ def _named(layout: ParamLayout, names: frozenset[str]) -> list[Linear]:
     return [linear for linear in layout.linears if linear.name.rsplit(".", 1)[-1] in names]
 
 
+def unquantized_parameter_bytes(workload: Workload) -> int:
+    """Bytes of each parameter bitsandbytes does not quantize (each one, unquantized)."""
+    storage = workload.weight_storage
+    if storage in DTYPE_BYTES:
+        return DTYPE_BYTES[storage]
+    # PEFT's prepare_model_for_kbit_training casts every non-quantized parameter to fp32.
+    return 4 if workload.kbit_prepared else DTYPE_BYTES[workload.dtype]
+
+
 def _weight_bytes(layout: ParamLayout, workload: Workload, kept: list[Linear], wide: int) -> int:
     """Bytes of the loaded weights: ``wide`` parameters load in fp32, and bitsandbytes
     leaves the ``kept`` linears unquantized."""
     storage = workload.weight_storage
+    unquantized_bytes = unquantized_parameter_bytes(workload)
     if storage in DTYPE_BYTES:
-        return layout.total * DTYPE_BYTES[storage] + wide * (4 - DTYPE_BYTES[storage])
-    # PEFT's prepare_model_for_kbit_training casts every non-quantized parameter to fp32.
-    unquantized_bytes = 4 if workload.kbit_prepared else DTYPE_BYTES[workload.dtype]
+        return layout.total * unquantized_bytes + wide * (4 - unquantized_bytes)
     # Every linear but the output embeddings: an idle vision tower's too.
     quantized_linears = [linear for linear in layout.linears if linear not in kept]
     quantized_linears += layout.idle_linears
