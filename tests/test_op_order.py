@@ -225,6 +225,20 @@ def test_a_stand_in_replay_stays_within_its_band(
     assert tight_band(run.facts.arch, run.step) == CLOSED_FORM_BANDS["fused"]
 
 
+@pytest.mark.parametrize("seq", [2048, 4096])
+def test_t5s_real_pool_stays_within_the_band_of_its_sequence_length(seq: int) -> None:
+    """T5 is replayed as Llama's blocks, without its relative position bias's seq x seq
+    buffers, whose segments the real order strands.  LoRA with sdpa on the full tier,
+    where its pool is furthest below the real order's: beyond the closed-form families'
+    band, within the one its verdicts take at that length (`Family.stand_in_band`)."""
+    case = Case("t5-base", "lora", "bf16", "sdpa", "full", 1, seq)
+    _, reserved, workspace = estimate(case)
+    _, real_reserved = replay(with_workspaces(record(case), workspace))
+    run = prepared(case)
+    assert real_reserved > reserved * (1 + CLOSED_FORM_BANDS["fused"])
+    assert real_reserved <= reserved * (1 + tight_band(run.facts.arch, run.step))
+
+
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize(
     "model",

@@ -154,14 +154,14 @@ def test_a_peak_near_the_budget_is_tight() -> None:
 
 
 @pytest.mark.parametrize(
-    ("preset", "band"), [("llama-3.2-1b", 0.06), ("bert-base-uncased", 0.06), ("t5-base", 0.09)]
+    ("preset", "band"), [("llama-3.2-1b", 0.06), ("bert-base-uncased", 0.06), ("t5-base", 0.13)]
 )
 def test_a_model_the_replay_does_not_run_itself_gets_the_wider_band(
     preset: str, band: float
 ) -> None:
-    """T5 takes the closed form's allocated peak and a stand-in's pool, measured up to 8.2%
-    low against its real op order: 7.5% under the budget is tight for it, not for models
-    replayed as themselves (Llama, BERT)."""
+    """T5 takes the closed form's allocated peak and a stand-in's pool, measured up to 12%
+    low against its real op order at seq 512: 7.5% under the budget is tight for it, not
+    for models replayed as themselves (Llama, BERT)."""
     from ckpt_core._memory.advise import estimate_tiers
 
     run = prepare(model_facts({"preset": preset}), parse_workload({"seq_len": 512}))
@@ -170,6 +170,32 @@ def test_a_model_the_replay_does_not_run_itself_gets_the_wider_band(
     peak = estimate["tiers"]["off"]["peak_bytes"]
     row = estimate_tiers(run, peak * 1.075 / (0.9 * 2**30))["tiers"]["off"]
     assert row["verdict"] == ("tight" if band > 0.075 else "fits")
+
+
+@pytest.mark.parametrize(
+    ("seq_len", "attention", "band"),
+    [
+        (1024, "sdpa", 0.13),
+        (1025, "sdpa", 0.27),
+        (4096, "sdpa", 0.50),
+        (8192, "sdpa", 0.50),
+        (8193, "sdpa", 1.0),
+        (8192, "eager", 0.16),
+    ],
+)
+def test_t5s_sdpa_band_widens_with_the_sequence_it_was_measured_at(
+    seq_len: int, attention: str, band: float
+) -> None:
+    """T5's stand-in replay misses its relative position bias's seq x seq buffers, so its
+    sdpa pool falls further below the real op order's as the sequence grows (27% at 2048,
+    49% at 4096): its band is the one measured at the next length, and past the longest
+    measured one none is known (a peak within 100% of the budget is tight).  Eager's
+    estimate stays above the real order's there: its band is unchanged."""
+    from ckpt_core._memory.advise import estimate_tiers
+
+    workload = parse_workload({"seq_len": seq_len, "attention": attention, "method": "lora"})
+    run = prepare(model_facts({"preset": "t5-base"}), workload)
+    assert estimate_tiers(run, None)["assumptions"]["tight_band"] == band
 
 
 def test_sdpas_math_backend_takes_eagers_band() -> None:
