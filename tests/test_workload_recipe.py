@@ -159,8 +159,8 @@ def test_a_peak_near_the_budget_is_tight() -> None:
 def test_a_model_the_replay_does_not_run_itself_gets_the_wider_band(
     preset: str, band: float
 ) -> None:
-    """T5 takes the closed form's allocated peak and a stand-in's pool, measured up to 12%
-    low against its real op order at seq 512: 7.5% under the budget is tight for it, not
+    """T5 takes the closed form's allocated peak and a stand-in's pool, which its real op
+    order's exceeds by up to 12% at seq 512: 7.5% under the budget is tight for it, not
     for models replayed as themselves (Llama, BERT)."""
     from ckpt_core._memory.advise import estimate_tiers
 
@@ -187,9 +187,10 @@ def test_t5s_sdpa_band_widens_with_the_sequence_it_was_measured_at(
     seq_len: int, attention: str, band: float
 ) -> None:
     """T5's stand-in replay misses its relative position bias's seq x seq buffers, so its
-    sdpa pool falls further below the real op order's as the sequence grows (27% at 2048,
-    49% at 4096): its band is the one measured at the next length, and past the longest
-    measured one none is known (a peak within 100% of the budget is tight).  Eager's
+    sdpa pool falls further below the real op order's as the sequence grows (the real one
+    27% above it at 2048, 49% at 4096): its band is the one measured at the next length,
+    and past the longest measured one none is known (a peak within 100% of the budget is
+    tight).  Eager's
     estimate stays above the real order's there: its band is unchanged."""
     from ckpt_core._memory.advise import estimate_tiers
 

@@ -324,14 +324,14 @@ def _feed_forward(led: Ledger, arch: Arch, step: Step, x: str) -> None:
 
 # The replay runs T5 as Llama's blocks (`Family.replayed_exactly`), without the relative
 # position bias's seq x seq buffers: the buckets' int64 temporaries, the bias, and sdpa's
-# mask made from it in every layer, whose segments the real order strands.  Its sdpa pool
-# against the real op order (bench/op_order.py: t5-base, full fine-tune and LoRA, the four
-# tiers, micro-batch 1 to 4 to seq 1024, 1 beyond, padded or not) is up to 12% low to seq
-# 1024, 27% at 2048, 49% at 4096 and 47% at 8192 (real / estimate - 1); eager's keeps
-# within its band (over-estimates from seq 2048 on).  (longest sequence, band): the band
+# mask made from it in every layer, whose segments the real order strands.  The real op
+# order's sdpa pool (bench/op_order.py: t5-base, full fine-tune and LoRA, the four tiers,
+# micro-batch 1 to 4 to seq 1024, 1 beyond, padded or not) is up to 12% above the
+# estimate's to seq 1024, 27% at 2048, 49% at 4096 and 47% at 8192; eager's estimate
+# keeps within its band (over-estimates from seq 2048 on).  (longest sequence, band): the band
 # of the shortest measured length at or above the step's.
 _SDPA_POOL_BANDS: Final = ((1024, 0.13), (2048, 0.27), (4096, 0.50), (8192, 0.50))
-UNMEASURED_BAND: Final = 1.0  # past the longest measured sequence: no band is known
+_UNMEASURED_BAND: Final = 1.0  # past the longest measured sequence: no band is known
 
 
 def _stand_in_band(arch: Arch, step: Step) -> float | None:
@@ -340,7 +340,7 @@ def _stand_in_band(arch: Arch, step: Step) -> float | None:
     if step.attention == "eager" or any_math_kernel(arch, step):
         return None
     bands = (band for longest, band in _SDPA_POOL_BANDS if step.seq <= longest)
-    return next(bands, UNMEASURED_BAND)
+    return next(bands, _UNMEASURED_BAND)
 
 
 def _block_flops(arch: Arch, step: Step, kind: BlockKind) -> BlockFlops:
