@@ -102,14 +102,22 @@ def _accumulates(args: Any, kwargs: dict[str, Any] | None) -> bool:
 
 
 def record_step(
-    model: Any, *, batch: int, seq: int, padded: bool, kbit_prepared: bool
+    model: Any,
+    *,
+    batch: int,
+    seq: int,
+    padded: bool,
+    kbit_prepared: bool,
+    loaded_in_fp32: frozenset[str] = frozenset(),
 ) -> list[Event]:
     """The mallocs and frees of ``model``'s load, a warm-up step and the measured step on a
     (``batch``, ``seq``) batch of token ids (``padded``: with an attention mask);
-    ``kbit_prepared``: PEFT's kbit preparation cast the unquantized parameters to fp32."""
+    ``kbit_prepared``: PEFT's kbit preparation cast the unquantized parameters to fp32;
+    ``loaded_in_fp32``: names of the modules loaded in fp32 already (T5's ``wo`` in an
+    fp16 load), which the preparation leaves as they are."""
     events: list[Event] = []
     known: dict[int, Any] = {}
-    _record_load(model, kbit_prepared, events, known)
+    _record_load(model, loaded_in_fp32, kbit_prepared, events, known)
     _record_steps(model, events, known, batch=batch, seq=seq, padded=padded)
     return events
 
@@ -121,10 +129,17 @@ def _register(tensor: Any, events: list[Event], known: dict[int, Any]) -> None:
         events.append(("malloc", storage._cdata, storage.nbytes(), "load"))
 
 
-def _record_load(model: Any, prepared: bool, events: list[Event], known: dict[int, Any]) -> None:
+def _record_load(
+    model: Any,
+    loaded_in_fp32: frozenset[str],
+    prepared: bool,
+    events: list[Event],
+    known: dict[int, Any],
+) -> None:
     """The load as the estimate replays it: each quantized weight from a compute-dtype
     copy; once all is loaded, kbit preparation's fp32 copy of every other parameter (a
-    tied one once), each freeing its loaded copy; the adapters last."""
+    tied one once) but those of modules ``loaded_in_fp32``, each freeing its loaded copy;
+    the adapters last."""
     loaded: dict[int, tuple[Any, Any]] = {}  # a prepared parameter's storage -> (copy, it)
     for name, module in model.named_modules():
         for pname, param in module.named_parameters(recurse=False):
@@ -146,7 +161,11 @@ def _record_load(model: Any, prepared: bool, events: list[Event], known: dict[in
                 for tensor in (param, quant_state.absmax, quant_state.code):
                     _register(tensor, events, known)
                 events.append(("free", copy, 0, ""))
-            elif prepared and param.dtype == torch.float32:
+            elif (
+                prepared
+                and param.dtype == torch.float32
+                and name.rpartition(".")[2] not in loaded_in_fp32
+            ):
                 key = param.untyped_storage()._cdata
                 if key not in loaded:
                     loaded[key] = ("half", name, pname), param

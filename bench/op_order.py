@@ -50,6 +50,7 @@ from bench._meta_kernels import Event, int8_layer, nf4_layer
 from bench._op_recording import record_step, replay, with_workspaces
 from ckpt_core._memory.activations import ModeCounts, block_kinds
 from ckpt_core._memory.allocator import MIB
+from ckpt_core._memory.families import family_of
 from ckpt_core._memory.placement import place
 
 if TYPE_CHECKING:
@@ -121,17 +122,25 @@ def _model(case: Case) -> Any:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[case.dtype]
     config = load_model_config(case.model)
     model = build_meta_model(config, attention=case.attention).to(dtype)
+    if case.dtype == "fp16":  # as from_pretrained loads fp16 weights: these stay in fp32
+        kept = family_of(prepared(case).facts.arch).keep_in_fp32
+        for name, module in model.named_modules():
+            if name.rpartition(".")[2] in kept:
+                module.float()
     if case.method == "qlora":
         from transformers.pytorch_utils import Conv1D
 
         # transformers' bitsandbytes integration quantizes every linear but the output
-        # embeddings (`get_keys_to_not_convert`): a head's (BERT's transform) and an idle
-        # vision tower's too.
+        # embeddings (`get_keys_to_not_convert`) and the model's fp32-kept modules (T5's
+        # wo): a head's (BERT's transform) and an idle vision tower's too.
         output = model.get_output_embeddings()
+        kept = family_of(prepared(case).facts.arch).keep_in_fp32  # `_keep_in_fp32_modules`
         for parent in list(model.modules()):
             for name, child in list(parent.named_children()):
                 # GPT-2's Conv1D is quantized as a linear of its weight's (in, out) shape.
                 if not isinstance(child, (torch.nn.Linear, Conv1D)) or child is output:
+                    continue
+                if name in kept:  # the quantizer's modules_to_not_convert
                     continue
                 linear = isinstance(child, torch.nn.Linear)
                 shape = (
@@ -162,12 +171,15 @@ def record(case: Case) -> list[Event]:
     """The storages' mallocs and frees of the load, a warm-up step and the measured step."""
     # A half-precision load's unquantized parameters are cast to fp32 by kbit preparation.
     kbit_prepared = case.method == "qlora" and case.dtype != "fp32"
+    # An fp16 load keeps the family's keep-in-fp32 modules in fp32 (`_model`).
+    fp32 = family_of(prepared(case).facts.arch).keep_in_fp32 if case.dtype == "fp16" else None
     return record_step(
         _model(case),
         batch=case.batch,
         seq=case.seq,
         padded=case.padded,
         kbit_prepared=kbit_prepared,
+        loaded_in_fp32=fp32 or frozenset(),
     )
 
 
