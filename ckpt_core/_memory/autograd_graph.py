@@ -49,6 +49,7 @@ class CheckpointedRegion:
     output: int
     packs: int  # tensors the region saves for backward (checkpoint's pack-hook calls)
     held: tuple[int, ...] = ()  # what its nodes keep as attributes, out of the hooks' sight
+    arguments: tuple[int, ...] = ()  # its other arguments, held until its backward is done
 
 
 @dataclass(slots=True)
@@ -67,6 +68,7 @@ class Graph(Tensors):
     _held: list[int] | None = None
     _recompute_held: list[int] = field(default_factory=list)
     _held_queue: list[int] = field(default_factory=list)
+    _arguments: list[int] | None = None  # a checkpointed region's other arguments
 
     def views(self, base: int, sizes: Sequence[int]) -> tuple[int, ...]:
         """Views of ``base`` made by one op (a slice: one size; ``chunk``: several).
@@ -254,15 +256,27 @@ class Graph(Tensors):
         its outputs go with the region's locals."""
         saving, self.saving = self.saving, False
         packs, self._packs = self._packs, 0
-        self._held = []
+        self._held, self._arguments = [], []
         out = region(self, x) if outputs is None else region(self, x, outputs)
         held, self._held = tuple(self._held), None
+        arguments, self._arguments = tuple(self._arguments), None
         self.saving = saving
         self.requires_grad(out)
         self.tensors[x].refs += 1
-        self.graph.append(CheckpointedRegion(region, x, out, self._packs, held))
+        self.graph.append(CheckpointedRegion(region, x, out, self._packs, held, arguments))
         self._packs = packs
         return out
+
+    def hold_arguments(self, *tids: int) -> None:
+        """Tensors a checkpointed region reads besides its input (the checkpointed
+        function's other arguments, T5's position bias): torch's checkpoint keeps them
+        for the recompute, so its first forward holds them until the region's backward is
+        done.  Outside a region's first forward, nothing."""
+        if self._arguments is None or self._recomputing:
+            return
+        for tid in tids:
+            self.tensors[tid].refs += 1
+        self._arguments.extend(tids)
 
     def _release_recompute_held(self) -> None:
         """The recompute's graph is freed when it ends (or stops early): its attributes."""

@@ -198,4 +198,5 @@ class Sim(Graph):
             if isinstance(item, RecordedOp):
                 self._backward_op(item, grads)
         self.drop(node.inputs, *self._held_queue)  # nodes the recompute never reached
+        self.drop(*node.arguments)
         self._held_queue = []

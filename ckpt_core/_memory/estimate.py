@@ -248,13 +248,15 @@ def recipe_for(
     blas_workspace: int = blas_workspace_bytes(None),
     idle_adapters: tuple[int, ...] = (),
     rotary_matmul: bool = False,
+    keep_in_fp32: frozenset[str] = frozenset(),
 ) -> Recipe:
     """The real-step facts `ckpt_core._memory.peak` and the replay need, from the recipe fields.
 
     ``blas_workspace``: one cuBLAS workspace on the GPU (`ckpt_core._memory.workspace`);
     ``idle_adapters``: the parameters of each adapter tensor on an idle tower, in order;
     ``rotary_matmul``: the worker's transformers computes RoPE's angles with a matmul
-    (`TraceRecipe.rotary_matmul`).
+    (`TraceRecipe.rotary_matmul`); ``keep_in_fp32``: the linears bitsandbytes leaves
+    unquantized (`static_memory`'s).
     """
     compute = DTYPE_BYTES[workload.dtype]
     logits = 0
@@ -299,6 +301,8 @@ def recipe_for(
         # run ahead of the quantization by a timing-dependent amount (docs/memory-model.md).
         device_map=workload.loaded_with_device_map and not workload.quantized,
         rotary_matmul=rotary_matmul,
+        fp32_linears=step.fp32_linears,
+        unquantized_linears=keep_in_fp32,
     )
     if factored:
         temporary = adafactor_temporary(arch, trace)

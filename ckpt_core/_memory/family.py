@@ -50,9 +50,6 @@ class Family:
     - ``replayed_exactly(arch)``: the replay's ``trace`` is this model's own
       forward, so its allocated peak is taken from the replay; other models
       take only the replay's fragmentation;
-    - ``stand_in_band(arch, step)``: a model not replayed exactly whose pool the
-      stand-in replay misses by more than `verdict.CLOSED_FORM_BANDS` on some steps:
-      the error band measured for this one (None: those bands hold);
     - ``idle_tensors(arch)``: parameters loaded but never run by text-only
       training (Gemma 3's vision tower), per tensor in module order, (elements,
       a linear weight's output rows or 0): the replay loads them (bitsandbytes
@@ -78,7 +75,6 @@ class Family:
     keep_in_fp32: frozenset[str] = frozenset()
     trace: Callable[[Arch], TraceModel] = lambda arch: LLAMA
     replayed_exactly: Callable[[Arch], bool] = lambda arch: False
-    stand_in_band: Callable[[Arch, Step], float | None] = lambda arch, step: None
     idle_tensors: Callable[[Arch], tuple[tuple[int, int], ...]] = lambda arch: ()
 
 

@@ -117,9 +117,11 @@ def eager_attention_in_dtype(
     arch: Arch,
     recipe: TraceRecipe,
     mask: int | None,
+    bias: int | None = None,
 ) -> tuple[int, int]:
-    """GPT-2's eager_attention_forward (and BERT's): ``matmul(q, k^T) * scaling``, ``+
-    mask`` when there is one, softmax in the activations' dtype (or
+    """GPT-2's eager_attention_forward (and BERT's, T5's): ``matmul(q, k^T) * scaling``,
+    ``+ bias`` (T5's position bias), ``+ mask`` when there is one, softmax in the
+    activations' dtype (or
     `_upcast_and_reordered`), the attention dropout, ``matmul(weights, v)``, then the
     attention's ``reshape``; returns (its output, the dropped-out weights).
 
@@ -142,9 +144,10 @@ def eager_attention_in_dtype(
             sim.drop(query_c, key_c)
         masked = sim.op([raw], act * scores)
         sim.drop(raw)
-        if mask is not None:
-            scaled, masked = masked, sim.op([masked, mask], act * scores, alias=True)
-            sim.drop(scaled)
+        for added in (bias, mask):
+            if added is not None:
+                scaled, masked = masked, sim.op([masked, added], act * scores, alias=True)
+                sim.drop(scaled)
         scratch = [act * scores] if extra else []
         probs = sim.op([masked], act * scores, save_out=True, backward_scratch=scratch)
         sim.drop(masked)

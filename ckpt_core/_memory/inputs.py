@@ -198,6 +198,7 @@ def prepare(
         blas_workspace=blas_workspace_bytes(gpu),
         idle_adapters=idle_adapters,
         rotary_matmul=rotary_matmul,
+        keep_in_fp32=family_of(arch).keep_in_fp32,
     )
     return Run(facts, workload, step, static, note, recipe, gpu)
 

@@ -52,10 +52,26 @@ class TraceRecipe:
     # The rotary embedding's `inv_freq @ position_ids` is the forward's first cuBLAS call
     # (transformers before 5.19); else the first linear is.
     rotary_matmul: bool = False
+    # Linears loaded in fp32 among half-precision ones (`ckpt_core._memory.ledger.Step`).
+    fp32_linears: frozenset[str] = frozenset()
+    # Linears bitsandbytes leaves unquantized (the family's `Family.keep_in_fp32`).
+    unquantized_linears: frozenset[str] = frozenset()
 
 
 def adapted(recipe: TraceRecipe, name: str) -> bool:
     return any(matches_target(name, target) for target in recipe.adapted)
+
+
+def kept_in_fp32(recipe: TraceRecipe, name: str) -> bool:
+    """Whether the linear ``name`` is loaded in fp32 (`TraceRecipe.fp32_linears`)."""
+    return any(matches_target(name, kept) for kept in recipe.fp32_linears)
+
+
+def left_unquantized(recipe: TraceRecipe, name: str) -> bool:
+    """Whether bitsandbytes leaves the linear ``name`` of a quantized model as loaded."""
+    return recipe.quantized and any(
+        matches_target(name, kept) for kept in recipe.unquantized_linears
+    )
 
 
 def linear(

@@ -41,6 +41,12 @@ class Inputs:
     ``returned``: what the last block returned beside its output (Falcon's eager
     weights), which the model's loop holds until the next block returns; the last
     block's die as the forward returns.
+    ``shared``: what blocks hand to later ones (T5's biases and masks, the encoder's
+    output); ``until_loss``: what the model's forward holds until it has computed the
+    loss (T5's decoder output, its shifted labels); ``returned_outputs``: what its
+    output returns beside the logits (T5's encoder output), held with them;
+    ``leaves``: further adapters' leaves (T5's
+    decoder lookup).
     """
 
     hidden: int
@@ -51,6 +57,10 @@ class Inputs:
     leaf: int | None = None
     unread: tuple[int, ...] = ()
     returned: list[int] = field(default_factory=list)
+    shared: dict[str, int] = field(default_factory=dict)
+    until_loss: list[int] = field(default_factory=list)
+    returned_outputs: list[int] = field(default_factory=list)
+    leaves: list[int] = field(default_factory=list)
 
     def layer_mask(self, arch: Arch, index: int) -> int | None:
         """The mask layer ``index`` reads: its kind's."""
@@ -79,6 +89,10 @@ class TraceModel:
     runs): loaded after the blocks, quantized, adapted and trained as theirs are;
     ``norm_in_head``: ``norm`` is the head's (BERT's transform), not the base model's
     last op.
+    ``stack_end(sim, x, arch=, recipe=, inputs=, stack=)``: what runs
+    after each stack's last block (T5's final norms, then the decoder's inputs),
+    returning the next input; ``blocks(arch)``: the blocks of every stack;
+    ``norms(arch)``: its small parameters (norms), loaded as hidden-wide tensors.
     """
 
     prepare: Callable[[Sim, Arch, TraceRecipe, int], Inputs]
@@ -88,6 +102,9 @@ class TraceModel:
     tables: Callable[[Arch], tuple[int, ...]] = lambda arch: ()
     head: Callable[[Arch], tuple[tuple[str, int, int, int], ...]] = lambda arch: ()
     norm_in_head: bool = False
+    stack_end: Callable[..., int] | None = None
+    blocks: Callable[[Arch], int] = lambda arch: arch.layers
+    norms: Callable[[Arch], int] = lambda arch: 2 * arch.layers + 1
 
 
 def embedding(sim: Sim, arch: Arch, recipe: TraceRecipe) -> int:
@@ -366,7 +383,7 @@ def head_and_loss(
     sim.drop(log_softmax)
     # LlamaForCausalLM.forward computes the loss before it returns: its local
     # `hidden_states` (and `outputs.last_hidden_state`), the final norm's output, dies then.
-    sim.drop(output)
+    sim.drop(output, *inputs.until_loss)
     if not recipe.logits:
-        sim.drop(logits)
+        sim.drop(logits, *inputs.returned_outputs)
     return loss, logits

@@ -21,10 +21,11 @@ full-width q / k norms, fp32 RoPE), EXAONE 4 (`exaone4_trace`: post-norms, q /
 k norms per head, no RoPE on global layers), GLM-4 (`glm4_trace`: sandwich
 norms, partial RoPE from interleaved copies; GLM: its attention in Llama's
 layer), Command R (`cohere_trace`: an fp32 norm read by parallel attention
-and MLP), GPT-2, OPT, GPT-NeoX, Falcon and BERT (`bert_trace`: post-LayerNorms,
-token types, the masked-LM head's transform, the loss in the dtype) are
+and MLP), GPT-2, OPT, GPT-NeoX, Falcon, BERT (`bert_trace`: post-LayerNorms,
+token types, the masked-LM head's transform, the loss in the dtype) and T5
+(`t5_trace`: two stacks, relative position bias, cross-attention) are
 replayed as their own forward; the model's family chooses (`Family.trace`),
-and other families (T5) are replayed with the Llama block at their sizes.
+and routed-expert models are replayed with the Llama block and their experts.
 Parameters a text-only step never runs (Gemma 3's vision tower) are loaded and
 never trained (`Family.idle_tensors`).
 
@@ -41,7 +42,7 @@ from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.autograd_sim import Sim
 from ckpt_core._memory.families import family_of
 from ckpt_core._memory.ledger import BlockMode
-from ckpt_core._memory.linear_trace import TraceRecipe, adapted
+from ckpt_core._memory.linear_trace import TraceRecipe, adapted, kept_in_fp32, left_unquantized
 from ckpt_core._memory.model_trace import head_and_loss
 from ckpt_core._memory.moe_trace import expert_parameters, shared_module, stack_rank
 from ckpt_core._planning.tiers import ConcreteTier
@@ -125,6 +126,11 @@ def _llama_parameters(arch: Arch, index: int) -> list[tuple[str, int, int, int]]
     return linears + [(name, 0, fan_in, fan_out) for name, fan_in, fan_out in mlp]
 
 
+def _weight_bytes(recipe: TraceRecipe, name: str) -> int:
+    """Bytes per element of a block matrix as loaded: 4 for one kept in fp32 (T5's wo)."""
+    return 4 if kept_in_fp32(recipe, name) else recipe.weights
+
+
 def _routed(arch: Arch, index: int) -> bool:
     return arch.is_moe and arch.moe_layers[index]
 
@@ -140,8 +146,9 @@ def trained_tensors(arch: Arch, recipe: TraceRecipe) -> list[adafactor.Trained]:
         embedding = adafactor.Trained(weights, arch.vocab, arch.hidden)
         trained.append(embedding)
         trained.extend(adafactor.Trained(weights, rows, arch.hidden) for rows in _tables(arch))
-        for _, stacked, fan_in, fan_out in _matrices(arch):
-            trained.append(adafactor.Trained(weights, max(1, stacked) * fan_out, fan_in))
+        for name, stacked, fan_in, fan_out in _matrices(arch):
+            size = _weight_bytes(recipe, name)
+            trained.append(adafactor.Trained(size, max(1, stacked) * fan_out, fan_in))
         if not arch.tied:
             trained.append(embedding)
     for name, stacked, fan_in, fan_out in _matrices(arch) if rank else ():
@@ -155,8 +162,9 @@ def trained_tensors(arch: Arch, recipe: TraceRecipe) -> list[adafactor.Trained]:
 def _matrices(arch: Arch) -> list[tuple[str, int, int, int]]:
     """Every layer's matrices (`_parameters`), then the head's before the LM head
     (`TraceModel.head`: BERT's transform), in module order."""
-    head = family_of(arch).trace(arch).head(arch)
-    return [item for index in range(arch.layers) for item in _parameters(arch, index)] + list(head)
+    model = family_of(arch).trace(arch)
+    blocks = range(model.blocks(arch))
+    return [item for index in blocks for item in _parameters(arch, index)] + list(model.head(arch))
 
 
 @functools.lru_cache(maxsize=512)
@@ -202,9 +210,14 @@ def _load_and_move(sim: Sim, arch: Arch, recipe: TraceRecipe) -> tuple[list[int]
     quantizes linear modules only)."""
     embeddings = [sim.new(recipe.weights * arch.vocab * arch.hidden) for _ in _heads(arch)]
     embeddings += [sim.new(recipe.weights * rows * arch.hidden) for rows in _tables(arch)]
-    others = [sim.new(recipe.weights * arch.hidden) for _ in range(2 * arch.layers + 1)]
-    for _, stacked, fan_in, fan_out in _matrices(arch):
-        if stacked:
+    norms = family_of(arch).trace(arch).norms(arch)
+    others = [sim.new(recipe.weights * arch.hidden) for _ in range(norms)]
+    for name, stacked, fan_in, fan_out in _matrices(arch):
+        if kept_in_fp32(recipe, name):  # kept in fp32 and never quantized (T5's wo)
+            sim.new(4 * fan_in * fan_out)
+        elif left_unquantized(recipe, name):  # as loaded, for PEFT's preparation to cast
+            others.append(sim.new(recipe.weights * fan_in * fan_out))
+        elif stacked:
             others.append(sim.new(recipe.weights * stacked * fan_in * fan_out))
         else:
             _load_tensor(sim, recipe, fan_in * fan_out, fan_out)
@@ -241,13 +254,14 @@ def _load_from_checkpoint(sim: Sim, arch: Arch, recipe: TraceRecipe, idle_sizes:
     ``model.language_model.*``).  The norms, under 1 MiB, come from the small pool,
     so their place in that order changes nothing."""
     embedding = recipe.weights * arch.vocab * arch.hidden
+    model = family_of(arch).trace(arch)
     linears = [
-        recipe.weights * max(1, stacked) * fan_in * fan_out
-        for index in range(arch.layers)
-        for _, stacked, fan_in, fan_out in sorted(_parameters(arch, index))
+        _weight_bytes(recipe, name) * max(1, stacked) * fan_in * fan_out
+        for index in range(model.blocks(arch))
+        for name, stacked, fan_in, fan_out in sorted(_parameters(arch, index))
     ]
-    linears += [recipe.weights * i * o for _, _, i, o in family_of(arch).trace(arch).head(arch)]
-    norms = [recipe.weights * arch.hidden] * (2 * arch.layers + 1)
+    linears += [recipe.weights * i * o for _, _, i, o in model.head(arch)]
+    norms = [recipe.weights * arch.hidden] * model.norms(arch)
     tables = [recipe.weights * rows * arch.hidden for rows in _tables(arch)]
     large = [embedding for _ in _heads(arch)] + tables + linears + idle_sizes
     total = sum(large) + sum(norms)
@@ -296,6 +310,15 @@ def _step(
     sim.drop(*held)
 
 
+def _stack_ends(arch: Arch) -> dict[int, int]:
+    """The index of each stack's last block -> the stack's."""
+    ends, last = {}, -1
+    for stack, blocks in enumerate(family_of(arch).stacks(arch)):
+        last += blocks
+        ends[last] = stack
+    return ends
+
+
 def _adafactor_step(
     sim: Sim, trainable: list[adafactor.Trained], kept: dict[object, int], *, first: bool
 ) -> None:
@@ -335,6 +358,7 @@ def _forward_backward(
     sim.blas_workspace = workspace  # autograd's device thread: at the backward's first matmul
     hidden = inputs.hidden
     modes = block_modes(arch, plan) if isinstance(plan, str) else plan
+    ends = _stack_ends(arch)
     for index, mode in enumerate(modes):
         layer = functools.partial(model.block, arch=arch, recipe=recipe, inputs=inputs, index=index)
         if mode == "full":
@@ -343,17 +367,27 @@ def _forward_backward(
             out = layer(sim, hidden, selective=mode == "selective")
         sim.drop(hidden)
         hidden = out
+        if model.stack_end is not None and index in ends:
+            hidden = model.stack_end(
+                sim, hidden, arch=arch, recipe=recipe, inputs=inputs, stack=ends[index]
+            )
     held = inputs.step_held
     if all(mode == "off" for mode in modes):  # no recompute reads them: they die here
         sim.drop(*inputs.forward_held)
     else:
         held += inputs.forward_held
-    # A stand-in replay (T5's) runs Llama's step, its fp32 loss included.
-    family = family_of(arch)
-    in_dtype = family.replayed_exactly(arch) and not family.loss_in_fp32
     loss, logits = head_and_loss(
-        sim, hidden, arch=arch, recipe=recipe, model=model, inputs=inputs, loss_in_dtype=in_dtype
+        sim,
+        hidden,
+        arch=arch,
+        recipe=recipe,
+        model=model,
+        inputs=inputs,
+        loss_in_dtype=not family_of(arch).loss_in_fp32,
     )
+    leaves += inputs.leaves
     leaf_grads = sim.backward(loss, leaves=leaves)
     sim.drop(ids, *held)
-    return [loss, logits, *leaves, *leaf_grads] if recipe.logits else [loss, *leaves, *leaf_grads]
+    if recipe.logits:
+        return [loss, logits, *inputs.returned_outputs, *leaves, *leaf_grads]
+    return [loss, *leaves, *leaf_grads]

@@ -23,11 +23,10 @@ GIB: Final = 1 << 30
 # steps, by attention kernel - the worst process-memory error bench/gpu_truth.py measures
 # over the GPU rows (eager +14.9%, sdpa -5.5%: T4 QLoRA rows), rounded up.
 TIGHT_BANDS: Final[dict[str, float]] = {"eager": 0.16, "fused": 0.06, "flash": 0.06}
-# Families the replay does not run as their own forward (`Family.replayed_exactly`: T5;
-# MoE models) take the closed form's allocated peak and a stand-in's pool; against their
-# real op order (bench/op_order.py) the pool is up to 7.7% low with sdpa (MoE): sdpa's
-# band widens to cover that, eager's already does.  T5's, which grows with the sequence,
-# is its own (`Family.stand_in_band`).
+# Families the replay does not run as their own forward (`Family.replayed_exactly`: MoE
+# models) take the closed form's allocated peak and a stand-in's pool; against their
+# real op order (bench/op_order.py) the pool is up to 7.7% low with sdpa: sdpa's band
+# widens to cover that, eager's already does.
 CLOSED_FORM_BANDS: Final[dict[str, float]] = {"eager": 0.16, "fused": 0.09, "flash": 0.09}
 
 
@@ -38,10 +37,7 @@ def tight_band(arch: Arch, step: Step) -> float:
     (docs/memory-model.md)."""
     family = family_of(arch)
     kernel = "eager" if any_math_kernel(arch, step) else step.attention
-    if family.replayed_exactly(arch):
-        return TIGHT_BANDS[kernel]
-    own = family.stand_in_band(arch, step)
-    return CLOSED_FORM_BANDS[kernel] if own is None else max(own, CLOSED_FORM_BANDS[kernel])
+    return (TIGHT_BANDS if family.replayed_exactly(arch) else CLOSED_FORM_BANDS)[kernel]
 
 
 def verdict(peak: int, budget: int | None, band: float) -> dict[str, Any]:

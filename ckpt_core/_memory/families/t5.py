@@ -11,15 +11,16 @@ sample (transformers' ``create_position_bias_mask``).  Loaded in fp16,
 transformers keeps each ``wo`` in fp32 (``_keep_in_fp32_modules``): its input
 is cast to fp32 and its output is fp32, so from the first feed-forward on
 the residual stream is fp32, and only the first block of each stack clamps
-its fp16 residual (`_wide`).  Pure arithmetic.
+its fp16 residual (`_wide`).  The step replay runs its own forward
+(`ckpt_core._memory.t5_trace`).  Pure arithmetic.
 """
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any
 
 from ckpt_core._memory.arch import Arch, BlockKind, read_activation, read_int
-from ckpt_core._memory.attention import any_math_kernel, mask_bytes
+from ckpt_core._memory.attention import mask_bytes
 from ckpt_core._memory.costs import (
     BlockFlops,
     core_flops,
@@ -41,6 +42,7 @@ from ckpt_core._memory.ledger import (
     norm,
 )
 from ckpt_core._memory.param_layout import Linear, ParamLayout, embedding_parameters
+from ckpt_core._memory.t5_trace import T5
 
 
 def _read_arch(config: Any, model_type: str) -> Arch:
@@ -322,27 +324,6 @@ def _feed_forward(led: Ledger, arch: Arch, step: Step, x: str) -> None:
     linear(led, step, hidden, arch.intermediate, "DenseReluDense.wo")
 
 
-# The replay runs T5 as Llama's blocks (`Family.replayed_exactly`), without the relative
-# position bias's seq x seq buffers: the buckets' int64 temporaries, the bias, and sdpa's
-# mask made from it in every layer, whose segments the real order strands.  The real op
-# order's sdpa pool (bench/op_order.py: t5-base, full fine-tune and LoRA, the four tiers,
-# micro-batch 1 to 4 to seq 1024, 1 beyond, padded or not) is up to 12% above the
-# estimate's to seq 1024, 27% at 2048, 49% at 4096 and 47% at 8192; eager's estimate
-# keeps within its band (over-estimates from seq 2048 on).  (longest sequence, band): the band
-# of the shortest measured length at or above the step's.
-_SDPA_POOL_BANDS: Final = ((1024, 0.13), (2048, 0.27), (4096, 0.50), (8192, 0.50))
-_UNMEASURED_BAND: Final = 1.0  # past the longest measured sequence: no band is known
-
-
-def _stand_in_band(arch: Arch, step: Step) -> float | None:
-    """The band of the stand-in's sdpa pool at this sequence length (eager and sdpa's
-    math backend: theirs)."""
-    if step.attention == "eager" or any_math_kernel(arch, step):
-        return None
-    bands = (band for longest, band in _SDPA_POOL_BANDS if step.seq <= longest)
-    return next(bands, _UNMEASURED_BAND)
-
-
 def _block_flops(arch: Arch, step: Step, kind: BlockKind) -> BlockFlops:
     """q, k, v, o per attention (the decoder adds cross-attention), then the MLP."""
     t, h, q = step.tokens, arch.hidden, arch.heads * arch.head_dim
@@ -372,5 +353,6 @@ FAMILY = Family(
     loss_in_fp32=False,
     no_flash=frozenset({"t5", "mt5"}),
     keep_in_fp32=frozenset({"wo"}),
-    stand_in_band=_stand_in_band,
+    trace=lambda arch: T5,
+    replayed_exactly=lambda arch: True,
 )
