@@ -122,8 +122,8 @@ def _model(case: Case) -> Any:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[case.dtype]
     config = load_model_config(case.model)
     model = build_meta_model(config, attention=case.attention).to(dtype)
+    kept = _keep_in_fp32(case)
     if case.dtype == "fp16":  # as from_pretrained loads fp16 weights: these stay in fp32
-        kept = family_of(prepared(case).facts.arch).keep_in_fp32
         for name, module in model.named_modules():
             if name.rpartition(".")[2] in kept:
                 module.float()
@@ -134,7 +134,6 @@ def _model(case: Case) -> Any:
         # embeddings (`get_keys_to_not_convert`) and the model's fp32-kept modules (T5's
         # wo): a head's (BERT's transform) and an idle vision tower's too.
         output = model.get_output_embeddings()
-        kept = family_of(prepared(case).facts.arch).keep_in_fp32  # `_keep_in_fp32_modules`
         for parent in list(model.modules()):
             for name, child in list(parent.named_children()):
                 # GPT-2's Conv1D is quantized as a linear of its weight's (in, out) shape.
@@ -171,16 +170,23 @@ def record(case: Case) -> list[Event]:
     """The storages' mallocs and frees of the load, a warm-up step and the measured step."""
     # A half-precision load's unquantized parameters are cast to fp32 by kbit preparation.
     kbit_prepared = case.method == "qlora" and case.dtype != "fp32"
-    # An fp16 load keeps the family's keep-in-fp32 modules in fp32 (`_model`).
-    fp32 = family_of(prepared(case).facts.arch).keep_in_fp32 if case.dtype == "fp16" else None
     return record_step(
         _model(case),
         batch=case.batch,
         seq=case.seq,
         padded=case.padded,
         kbit_prepared=kbit_prepared,
-        loaded_in_fp32=fp32 or frozenset(),
+        # An fp16 load keeps them in fp32 (`_model`).
+        loaded_in_fp32=_keep_in_fp32(case) if case.dtype == "fp16" else frozenset(),
     )
+
+
+def _keep_in_fp32(case: Case) -> frozenset[str]:
+    """The modules transformers keeps in fp32 for the case's model (its
+    ``_keep_in_fp32_modules``, as the family lists them): none is quantized either."""
+    from ckpt_core._memory.inputs import model_facts
+
+    return family_of(model_facts(case.model).arch).keep_in_fp32
 
 
 def prepared(case: Case) -> Run:

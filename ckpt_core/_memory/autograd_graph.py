@@ -272,7 +272,7 @@ class Graph(Tensors):
         function's other arguments, T5's position bias): torch's checkpoint keeps them
         for the recompute, so its first forward holds them until the region's backward is
         done.  Outside a region's first forward, nothing."""
-        if self._arguments is None or self._recomputing:
+        if self._arguments is None:  # not in a region's first forward (nor a recompute)
             return
         for tid in tids:
             self.tensors[tid].refs += 1

@@ -91,8 +91,8 @@ class TraceModel:
     last op.
     ``stack_end(sim, x, arch=, recipe=, inputs=, stack=)``: what runs
     after each stack's last block (T5's final norms, then the decoder's inputs),
-    returning the next input; ``blocks(arch)``: the blocks of every stack;
-    ``norms(arch)``: its small parameters (norms), loaded as hidden-wide tensors.
+    returning the next input; ``norms(arch)``: its small parameters (norms), loaded
+    as hidden-wide tensors.
     """
 
     prepare: Callable[[Sim, Arch, TraceRecipe, int], Inputs]
@@ -103,7 +103,6 @@ class TraceModel:
     head: Callable[[Arch], tuple[tuple[str, int, int, int], ...]] = lambda arch: ()
     norm_in_head: bool = False
     stack_end: Callable[..., int] | None = None
-    blocks: Callable[[Arch], int] = lambda arch: arch.layers
     norms: Callable[[Arch], int] = lambda arch: 2 * arch.layers + 1
 
 

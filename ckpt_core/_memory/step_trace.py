@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 
 from ckpt_core._memory import adafactor
-from ckpt_core._memory.activations import block_modes
+from ckpt_core._memory.activations import block_layout, block_modes
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.autograd_sim import Sim
 from ckpt_core._memory.families import family_of
@@ -162,9 +162,13 @@ def trained_tensors(arch: Arch, recipe: TraceRecipe) -> list[adafactor.Trained]:
 def _matrices(arch: Arch) -> list[tuple[str, int, int, int]]:
     """Every layer's matrices (`_parameters`), then the head's before the LM head
     (`TraceModel.head`: BERT's transform), in module order."""
-    model = family_of(arch).trace(arch)
-    blocks = range(model.blocks(arch))
-    return [item for index in blocks for item in _parameters(arch, index)] + list(model.head(arch))
+    head = family_of(arch).trace(arch).head(arch)
+    return [item for index in _blocks(arch) for item in _parameters(arch, index)] + list(head)
+
+
+def _blocks(arch: Arch) -> range:
+    """Every block's index, across the stacks, in module order (`block_layout`'s)."""
+    return range(len(block_layout(arch)))
 
 
 @functools.lru_cache(maxsize=512)
@@ -257,7 +261,7 @@ def _load_from_checkpoint(sim: Sim, arch: Arch, recipe: TraceRecipe, idle_sizes:
     model = family_of(arch).trace(arch)
     linears = [
         _weight_bytes(recipe, name) * max(1, stacked) * fan_in * fan_out
-        for index in range(model.blocks(arch))
+        for index in _blocks(arch)
         for name, stacked, fan_in, fan_out in sorted(_parameters(arch, index))
     ]
     linears += [recipe.weights * i * o for _, _, i, o in model.head(arch)]

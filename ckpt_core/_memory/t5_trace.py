@@ -31,7 +31,7 @@ from ckpt_core._memory.linear_trace import TraceRecipe, kept_in_fp32, left_unqua
 from ckpt_core._memory.model_trace import Inputs, TraceModel, bidirectional_mask, embedding
 from ckpt_core._memory.pointwise_trace import gelu_new
 
-__all__ = ["T5"]
+__all__ = ["T5", "norm_count"]
 
 _SELF: Final = "SelfAttention"
 _CROSS: Final = "EncDecAttention"
@@ -192,21 +192,21 @@ def _block(
         region = functools.partial(attention, cross=cross)
         return sim.checkpoint(region, y) if selective else region(sim, y)
 
-    hidden = _clamped(sim, run(x, cross=False), recipe, residual)
+    hidden = _clamped(sim, run(x, cross=False), arch, recipe)
     if decoder:
         crossed = run(hidden, cross=True)
         sim.drop(hidden)
-        hidden = _clamped(sim, crossed, recipe, residual)
+        hidden = _clamped(sim, crossed, arch, recipe)
     out = _feed_forward_layer(sim, hidden, arch=arch, recipe=recipe, residual=residual)
     sim.drop(hidden, *weights)
-    return _clamped(sim, out, recipe, max(residual, 4 if _wide(recipe) else recipe.act))
+    return _clamped(sim, out, arch, recipe)
 
 
-def _clamped(sim: Sim, x: int, recipe: TraceRecipe, width: int) -> int:
-    """T5Block's clamp of an fp16 residual (``width``: its bytes per element):
-    ``isinf(x).any()`` (a bool temporary), the bound, then ``torch.clamp``, which keeps its
-    input; the rebinding frees it otherwise."""
-    if not recipe.fp16 or width != 2:
+def _clamped(sim: Sim, x: int, arch: Arch, recipe: TraceRecipe) -> int:
+    """T5Block's clamp of an fp16 residual ``x`` (an fp32 one, after a wide ``wo``, is
+    not): ``isinf(x).any()`` (a bool temporary), the bound, then ``torch.clamp``, which
+    keeps its input; the rebinding frees it otherwise."""
+    if not recipe.fp16 or sim.size(x) != 2 * recipe.batch * recipe.seq * arch.hidden:
         return x
     sim.drop(sim.new(sim.size(x) // 2))
     out = sim.op([x], sim.size(x), save=[x])
@@ -233,9 +233,8 @@ def _attention_layer(
     tokens, h = recipe.batch * recipe.seq, arch.hidden
     # What the sub-layer reads besides x: its mask, the bias a first block handed on, the
     # encoder's output; a checkpoint holds them to its backward.
-    names = [f"{stack}.cross_mask" if cross else f"{stack}.mask"]
-    names += [] if first else [f"{stack}.cross_bias" if cross else f"{stack}.bias"]
-    names += ["encoder_out"] if cross else []
+    mask, bias = _shared_names(stack, cross=cross)
+    names = [mask, *([] if first else [bias]), *(["encoder_out"] if cross else [])]
     sim.hold_arguments(*(inputs.shared[name] for name in names if name in inputs.shared))
     normed = _norm(sim, x, arch, recipe, dtype=residual)
     attn = _attention(
@@ -253,6 +252,12 @@ def _attention_layer(
     out = sim.op([x, dropped], residual * tokens * h, alias=True)
     sim.drop(*{normed, attn, dropped})
     return out
+
+
+def _shared_names(stack: str, *, cross: bool) -> tuple[str, str]:
+    """The names in `Inputs.shared` of the mask and the bias a sub-layer reads."""
+    kind = "cross_" if cross else ""
+    return f"{stack}.{kind}mask", f"{stack}.{kind}bias"
 
 
 def _attention(
@@ -276,7 +281,7 @@ def _attention(
     query = head_view(sim, linear(sim, x, f"{module}.q", (h, inner), recipe), recipe)
     key = linear(sim, source, f"{module}.k", (h, inner), recipe, strided_grad=eager)
     value = head_view(sim, linear(sim, source, f"{module}.v", (h, inner), recipe), recipe)
-    name = f"{stack}.cross_bias" if cross else f"{stack}.bias"
+    mask_name, name = _shared_names(stack, cross=cross)
     if first:
         bias = (
             _zero_bias(sim, arch, recipe)
@@ -287,7 +292,7 @@ def _attention(
             inputs.shared[name] = bias
     else:
         bias = inputs.shared[name]
-    mask = inputs.shared.get(f"{stack}.cross_mask" if cross else f"{stack}.mask")
+    mask = inputs.shared.get(mask_name)
     if eager:
         attn, weights = eager_attention_in_dtype(
             sim, query, key, value, arch=arch, recipe=recipe, mask=mask, bias=bias
@@ -474,14 +479,15 @@ def _activation(sim: Sim, x: int, arch: Arch, size: int) -> int:
 
 
 def _scaled_output(sim: Sim, x: int, rows: int, width: int, recipe: TraceRecipe) -> int:
-    """T5ForConditionalGeneration: ``sequence_output * (model_dim ** -0.5)`` before a tied
-    head (the decoder's output dies with this rebinding here, a little before the real
-    one, which the returned outputs hold to the loss)."""
+    """T5ForConditionalGeneration: ``sequence_output * (model_dim ** -0.5)`` before the
+    head (the decoder's output, the factor, is held to the loss: `_stack_end`)."""
     return sim.op([x], sim.size(x))
 
 
-def _blocks(arch: Arch) -> int:
-    return arch.encoder_layers + arch.layers
+def norm_count(arch: Arch) -> int:
+    """T5's RMS norms: two per encoder block, three per decoder block, a final one per
+    stack."""
+    return 2 * arch.encoder_layers + 3 * arch.layers + 2
 
 
 T5 = TraceModel(
@@ -490,6 +496,5 @@ T5 = TraceModel(
     norm=_scaled_output,
     parameters=parameters,
     stack_end=_stack_end,
-    blocks=_blocks,
-    norms=lambda arch: 2 * arch.encoder_layers + 3 * arch.layers + 2,
+    norms=norm_count,
 )

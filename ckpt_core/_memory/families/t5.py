@@ -42,7 +42,7 @@ from ckpt_core._memory.ledger import (
     norm,
 )
 from ckpt_core._memory.param_layout import Linear, ParamLayout, embedding_parameters
-from ckpt_core._memory.t5_trace import T5
+from ckpt_core._memory.t5_trace import T5, norm_count
 
 
 def _read_arch(config: Any, model_type: str) -> Arch:
@@ -92,7 +92,7 @@ def _param_layout(arch: Arch) -> ParamLayout:
         else [Linear("DenseReluDense.wi", h, ff, enc + dec)]
     )
     feed.append(Linear("DenseReluDense.wo", ff, h, enc + dec))
-    norms = (2 * enc + 3 * dec + 2) * h  # RMS norms, no bias; two final norms
+    norms = norm_count(arch) * h  # RMS norms, no bias
     relative = 2 * arch.relative_buckets * arch.heads  # first block of each stack
     return ParamLayout((*attention, *feed), 0, embedding_parameters(arch), norms + relative)
 
