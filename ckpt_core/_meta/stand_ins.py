@@ -146,7 +146,11 @@ def _fused_attention_class(*, flash: bool = False) -> type:
 
         @staticmethod
         def backward(ctx: Any, grad: Any) -> Any:
-            query, key, value = ctx.saved_tensors[:3]
+            # The kernel's C++ node holds every saved tensor (the output, the log-sum-exp,
+            # the bias) while it makes the gradients; a checkpoint's recompute hands them
+            # over to the node alone.
+            saved = ctx.saved_tensors
+            query, key, value = saved[:3]
             grads = (torch.empty_like(query), torch.empty_like(key), torch.empty_like(value))
             if not ctx.needs_input_grad[3]:
                 return (*grads, None)
