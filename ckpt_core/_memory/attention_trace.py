@@ -70,7 +70,13 @@ def fused_attention(
         key, value = copies = (sim.op([key], q_bytes), sim.op([value], q_bytes))
     bias = [sim.new(recipe.act * batch * seq * seq)] if mask is not None else []
     lse = sim.new(4 * batch * arch.heads * seq)
-    attn = sim.op([query, key, value], q_bytes, save=[query, key, value, lse, *bias], save_out=True)
+    attn = sim.op(
+        [query, key, value],
+        q_bytes,
+        save=[query, key, value, lse, *bias],
+        save_out=True,
+        grads_in_order=True,
+    )
     sim.drop(lse, *bias, *copies)
     if recipe.attention == "flash" and arch.rope_concat:
         # RoPE's cat leaves q contiguous per head and flash's output takes q's strides:
@@ -181,7 +187,11 @@ def _unpadded_flash(
     )
     lse = sim.new(4 * batch * arch.heads * recipe.seq)
     out = sim.op(
-        [query_u, key_u, value_u], q_bytes, save=[query_u, key_u, value_u, lse], save_out=True
+        [query_u, key_u, value_u],
+        q_bytes,
+        save=[query_u, key_u, value_u, lse],
+        save_out=True,
+        grads_in_order=True,
     )
     sim.drop(lse, query_u, key_u, value_u)
     # `output = torch.zeros(...); output[indices] = hidden_states`: the in-place scatter

@@ -38,6 +38,7 @@ class RecordedOp:
     releases: tuple[int, ...] = ()  # what the checkpointed forward's node held: freed after it
     view_grads: bool = False  # its inputs' gradients are views of another tensor
     input_grad_first: bool = False  # AddmmBackward0: the input's gradient before the weight's
+    grads_in_order: bool = False  # the inputs' gradients made first to last, not last first
 
 
 @dataclass(slots=True)
@@ -133,6 +134,7 @@ class Graph(Tensors):
         matmul: bool = False,
         view_grads: bool = False,
         input_grad_first: bool = False,
+        grads_in_order: bool = False,
     ) -> int:
         """Run an op: ``temps`` live during it; returns its output (``out`` bytes).
 
@@ -160,6 +162,9 @@ class Graph(Tensors):
         ``input_grad_first``: its backward makes the inputs' gradients, then the cuBLAS
         workspace when one is due, then ``param_grad`` (a linear with a bias: ``addmm``'s
         backward, as recorded), rather than ``param_grad`` first.
+        ``grads_in_order``: its backward makes the inputs' gradients in their order (sdpa's
+        fused kernels: dq, dk, dv, then the bias's), not the generated functions' last
+        input first.
         """
         grad = param_grad > 0 or any(self.info[t][1] for t in inputs)
         recording = self.saving and grad
@@ -205,6 +210,7 @@ class Graph(Tensors):
                     releases,
                     view_grads,
                     input_grad_first,
+                    grads_in_order,
                 )
             )
         if extra:

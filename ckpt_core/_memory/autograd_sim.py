@@ -75,7 +75,8 @@ class Sim(Graph):
                 weight_grad = self._weight_grad(node)
             # The generated backward functions compute the last input's gradient first
             # (BmmBackward0: mat2 before self; MulBackward0: other before self).
-            for tid in reversed(node.inputs):
+            wides: list[int] = []  # gradients made in the output's dtype, to be cast
+            for tid in node.inputs if node.grads_in_order else reversed(node.inputs):
                 size, grad = self.info[tid]
                 if not grad:
                     continue
@@ -84,18 +85,18 @@ class Sim(Graph):
                     grads[tid] = incoming[0]
                     self.tensors[incoming[0]].refs += 1
                     continue
-                if cast and not node.alias:  # made in the output's dtype, then cast
-                    wide = self.new(self.size(node.outputs[0]))
-                    fresh = self.new(size)
-                    self.drop(wide)
-                else:
-                    fresh = self.new(size)
-                if tid in grads:
-                    summed.append((tid, fresh))
-                else:
-                    grads[tid] = fresh
-                    if node.view_grads:
-                        self._view_grads.add(fresh)
+                if cast and not node.alias:
+                    wides.append(self.new(self.size(node.outputs[0])))
+                    continue
+                self._take(node, tid, self.new(size), grads, summed)
+            if wides:
+                # The engine's validate_outputs casts them, in input order, once the
+                # function has returned them all; the wide ones die after.
+                for tid in node.inputs:
+                    size = self.info[tid][0]
+                    if self.info[tid][1] and size != self.size(node.outputs[0]):
+                        self._take(node, tid, self.new(size), grads, summed)
+                self.drop(*wides)
             if node.matmul and self.blas_workspace:
                 # cuBLAS asks for the thread's workspace after the output is allocated;
                 # it is never freed, wherever best fit put it (a freed logits block).
@@ -117,6 +118,22 @@ class Sim(Graph):
             self._settle(node, weight_grad)
         self.drop(*node.saved, *node.releases)
         self._sum(summed, grads)
+
+    def _take(
+        self,
+        node: RecordedOp,
+        tid: int,
+        fresh: int,
+        grads: dict[int, int],
+        summed: list[tuple[int, int]],
+    ) -> None:
+        """``fresh`` is input ``tid``'s gradient: its first, or a second to sum into it."""
+        if tid in grads:
+            summed.append((tid, fresh))
+        else:
+            grads[tid] = fresh
+            if node.view_grads:
+                self._view_grads.add(fresh)
 
     def _sum(self, summed: list[tuple[int, int]], grads: dict[int, int]) -> None:
         """The engine's input buffer: a second gradient is added into the first in place
