@@ -8,10 +8,8 @@ LM head on the decoder's output scaled by ``d_model ** -0.5`` and the loss in
 the logits' dtype.  The first block of each stack computes the relative
 position bias (the buckets' sequence x sequence int64 temporaries, then the
 bias table's lookup) and the stack hands it to every later block; the
-decoder's first block also makes the cross-attention's zero bias.  sdpa gets
-each layer's bias as a float mask of its own (``create_position_bias_mask``:
-a contiguous copy, made through ``torch.where`` with the causal or padding
-mask), which the kernel saves; eager adds the bias to its scores.  Loaded in
+decoder's first block also makes the cross-attention's zero bias
+(`ckpt_core._memory.t5_attention_trace`, with sdpa's float masks).  Loaded in
 fp16, ``wo`` stays in fp32 (``_keep_in_fp32_modules``): its input is cast to
 fp32 and the residual stream is fp32 from the first feed-forward on; an fp16
 residual is clamped after each sub-layer.  Sizes in bytes.
@@ -26,15 +24,13 @@ from typing import Final
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.autograd_sim import Sim
 from ckpt_core._memory.fused_trace import dropout, dropped_out
-from ckpt_core._memory.gpt2_trace import eager_attention_in_dtype, head_view
 from ckpt_core._memory.linear_trace import TraceRecipe, kept_in_fp32, left_unquantized, linear
 from ckpt_core._memory.model_trace import Inputs, TraceModel, bidirectional_mask, embedding
 from ckpt_core._memory.pointwise_trace import gelu_new
+from ckpt_core._memory.t5_attention_trace import CROSS, SELF, attention, shared_names
 
 __all__ = ["T5", "norm_count"]
 
-_SELF: Final = "SelfAttention"
-_CROSS: Final = "EncDecAttention"
 _WO: Final = "DenseReluDense.wo"
 
 
@@ -42,7 +38,7 @@ def parameters(arch: Arch, index: int) -> list[tuple[str, int, int, int]]:
     """Block ``index``'s matrices in module order (encoder blocks first): self-attention,
     cross-attention in a decoder block, then the feed-forward's."""
     h, inner, ff = arch.hidden, arch.heads * arch.head_dim, arch.intermediate
-    modules = (_SELF, _CROSS) if index >= arch.encoder_layers else (_SELF,)
+    modules = (SELF, CROSS) if index >= arch.encoder_layers else (SELF,)
     out: list[tuple[str, int, int, int]] = []
     for module in modules:
         out += [(f"{module}.{x}", 0, h, inner) for x in ("q", "k", "v")]
@@ -66,20 +62,23 @@ def _residual(recipe: TraceRecipe, *, first: bool) -> int:
 
 def _norm(sim: Sim, x: int, arch: Arch, recipe: TraceRecipe, *, dtype: int) -> int:
     """T5LayerNorm.forward on ``x`` of ``dtype`` bytes per element: ``x.to(float32)`` (a
-    temporary pow keeps), ``pow(2).mean(-1)``, then ``x * rsqrt(variance + eps)``, which
-    keeps x itself (not the fp32 copy, as Llama's RMSNorm does); the product is cast to
-    the weight's dtype, then times the weight.  The variance is a local to the return."""
+    temporary that only pow keeps), ``pow(2).mean(-1)``, then ``x * rsqrt(variance +
+    eps)``, which keeps x itself (not the fp32 copy, as Llama's RMSNorm does); the
+    product is cast to the weight's dtype, then times the weight.  The variance is a
+    local to the return."""
     rows, width = recipe.batch * recipe.seq, arch.hidden
     full = 4 * rows * width
     upcast = sim.op([x], full) if dtype != 4 else x
     square = sim.op([upcast], full, save=[upcast], backward_temps=[full, full])
+    if upcast != x:  # unnamed: pow's call releases it
+        sim.drop(upcast)
     variance = sim.op([square], 4 * rows)
     sim.drop(square)
     rstd = sim.op([variance], 4 * rows)  # `rsqrt(variance + eps)`: the sum dies at once
-    normed = sim.op([x, rstd], full, save=[x, rstd], backward_temps=[full])
+    # MulBackward0 makes both gradients in fp32; the engine sums rstd's to its shape and
+    # casts x's to its dtype.
+    normed = sim.op([x, rstd], full, save=[x, rstd], cast=True)
     sim.drop(rstd)
-    if upcast != x:
-        sim.drop(upcast)
     weight = recipe.kept if recipe.quantized else recipe.weights
     cast = sim.op([normed], weight * rows * width) if weight < 4 else normed
     if cast != normed:
@@ -183,13 +182,13 @@ def _block(
         _attention_layer, arch=arch, recipe=recipe, inputs=inputs, stack=stack, first=first
     )
 
-    def attention(s: Sim, y: int, *, cross: bool) -> int:
+    def attend(s: Sim, y: int, *, cross: bool) -> int:
         return sublayer(
             s, y, cross=cross, residual=residual, held=None if s.recomputing else weights
         )
 
     def run(y: int, *, cross: bool) -> int:
-        region = functools.partial(attention, cross=cross)
+        region = functools.partial(attend, cross=cross)
         return sim.checkpoint(region, y) if selective else region(sim, y)
 
     hidden = _clamped(sim, run(x, cross=False), arch, recipe)
@@ -233,11 +232,11 @@ def _attention_layer(
     tokens, h = recipe.batch * recipe.seq, arch.hidden
     # What the sub-layer reads besides x: its mask, the bias a first block handed on, the
     # encoder's output; a checkpoint holds them to its backward.
-    mask, bias = _shared_names(stack, cross=cross)
+    mask, bias = shared_names(stack, cross=cross)
     names = [mask, *([] if first else [bias]), *(["encoder_out"] if cross else [])]
     sim.hold_arguments(*(inputs.shared[name] for name in names if name in inputs.shared))
     normed = _norm(sim, x, arch, recipe, dtype=residual)
-    attn = _attention(
+    attn = attention(
         sim,
         normed,
         arch=arch,
@@ -251,182 +250,6 @@ def _attention_layer(
     dropped = dropout(sim, attn, sim.size(attn), tokens * h, arch.hidden_dropout)
     out = sim.op([x, dropped], residual * tokens * h, alias=True)
     sim.drop(*{normed, attn, dropped})
-    return out
-
-
-def _shared_names(stack: str, *, cross: bool) -> tuple[str, str]:
-    """The names in `Inputs.shared` of the mask and the bias a sub-layer reads."""
-    kind = "cross_" if cross else ""
-    return f"{stack}.{kind}mask", f"{stack}.{kind}bias"
-
-
-def _attention(
-    sim: Sim,
-    x: int,
-    *,
-    arch: Arch,
-    recipe: TraceRecipe,
-    inputs: Inputs,
-    stack: str,
-    first: bool,
-    cross: bool,
-    held: list[int] | None,
-) -> int:
-    """T5Attention.forward: q, k and v (k and v of the encoder's output in
-    cross-attention), the bias when the stack's first block makes it, the kernel, then o."""
-    module = _CROSS if cross else _SELF
-    h, inner = arch.hidden, arch.heads * arch.head_dim
-    source = inputs.shared["encoder_out"] if cross else x
-    eager = recipe.attention == "eager"
-    query = head_view(sim, linear(sim, x, f"{module}.q", (h, inner), recipe), recipe)
-    key = linear(sim, source, f"{module}.k", (h, inner), recipe, strided_grad=eager)
-    value = head_view(sim, linear(sim, source, f"{module}.v", (h, inner), recipe), recipe)
-    mask_name, name = _shared_names(stack, cross=cross)
-    if first:
-        bias = (
-            _zero_bias(sim, arch, recipe)
-            if cross
-            else _relative_bias(sim, arch, recipe, bidirectional=stack == "encoder")
-        )
-        if not sim.recomputing:  # the stack's loop hands it to the later blocks
-            inputs.shared[name] = bias
-    else:
-        bias = inputs.shared[name]
-    mask = inputs.shared.get(mask_name)
-    if eager:
-        attn, weights = eager_attention_in_dtype(
-            sim, query, key, value, arch=arch, recipe=recipe, mask=mask, bias=bias
-        )
-        if held is None:
-            sim.drop(weights)
-        else:
-            held.append(weights)
-    else:
-        causal = stack == "decoder" and not cross
-        attn = _fused(
-            sim,
-            query,
-            key,
-            value,
-            arch=arch,
-            recipe=recipe,
-            bias=bias,
-            mask=mask,
-            causal=causal,
-            contiguous=cross,
-        )
-    sim.drop(query, key, value)  # a recompute's bias is a local of the region it unwinds
-    out = linear(sim, attn, f"{module}.o", (inner, h), recipe)
-    sim.drop(attn)
-    return out
-
-
-def _relative_bias(sim: Sim, arch: Arch, recipe: TraceRecipe, *, bidirectional: bool) -> int:
-    """T5Attention.compute_bias: the relative positions, their buckets
-    (``_relative_position_bucket``: int64, bool and fp32 sequence x sequence
-    temporaries, freed as its names are rebound), the bias table's lookup; the
-    positions and buckets die as it returns (a trained table's lookup keeps the
-    buckets)."""
-    seq = recipe.seq
-    n = seq * seq
-    context = sim.new(8 * seq)
-    shifted = sim.new(8 * seq)  # `[:, None] + past_seen_tokens`
-    sim.drop(context)
-    memory = sim.new(8 * seq)
-    relative = sim.new(8 * n)
-    if bidirectional:  # `(relative_position > 0).to(long) * num_buckets`, then `0 + that`
-        positive = sim.new(n)
-        as_long = sim.new(8 * n)
-        sim.drop(positive)
-        times = sim.new(8 * n)
-        sim.drop(as_long)
-        buckets = sim.new(8 * n)
-        sim.drop(times)
-        distance = sim.new(8 * n)  # abs
-    else:  # `-torch.min(relative_position, torch.zeros_like(...))`
-        zeros = sim.new(8 * n)
-        smaller = sim.new(8 * n)
-        sim.drop(zeros)
-        distance = sim.new(8 * n)
-        sim.drop(smaller)
-    is_small = sim.new(n)
-    value = sim.new(4 * n)  # `.float()`, then / max_exact, log, / log(...), * (...)
-    for _ in range(4):
-        step = sim.new(4 * n)
-        sim.drop(value)
-        value = step
-    large = sim.new(8 * n)  # `.to(torch.long)`
-    sim.drop(value)
-    shifted_large = sim.new(8 * n)  # `max_exact + ...`
-    sim.drop(large)
-    full = sim.new(8 * n)  # torch.full_like
-    capped = sim.new(8 * n)  # torch.min
-    sim.drop(shifted_large, full)
-    chosen = sim.new(8 * n)  # torch.where
-    if bidirectional:  # `relative_buckets += ...`, in place
-        sim.drop(distance, is_small, capped, chosen)
-    else:  # `relative_buckets` was the int 0: a new tensor
-        buckets = sim.new(8 * n)
-        sim.drop(distance, is_small, capped, chosen)
-    size = recipe.act * arch.heads * n
-    if recipe.full:  # the trained table's lookup keeps its indices
-        table = recipe.weights * arch.relative_buckets * arch.heads
-        bias = sim.op([buckets], size, save=[buckets], param_grad=table)
-    else:
-        bias = sim.new(size)
-    sim.drop(shifted, memory, relative, buckets)
-    return bias
-
-
-def _zero_bias(sim: Sim, arch: Arch, recipe: TraceRecipe) -> int:
-    """Cross-attention's first block: ``torch.zeros`` of the bias's shape."""
-    return sim.new(recipe.act * arch.heads * recipe.seq * recipe.seq)
-
-
-def _fused(
-    sim: Sim,
-    query: int,
-    key: int,
-    value: int,
-    *,
-    arch: Arch,
-    recipe: TraceRecipe,
-    bias: int,
-    mask: int | None,
-    causal: bool,
-    contiguous: bool,
-) -> int:
-    """sdpa with the bias as its float mask (``create_position_bias_mask``): the bias
-    itself when nothing masks it and it is contiguous (the zero cross bias), else a
-    contiguous copy (the relative bias is a permuted view), through ``torch.where`` with
-    the padding's or (made here) the causal mask; the kernel saves it with q, k, v, its
-    output and the log-sum-exp."""
-    batch, seq = recipe.batch, recipe.seq
-    size = recipe.act * arch.heads * seq * seq
-    made: list[int] = []
-    if mask is not None or causal:
-        condition = mask
-        if mask is None:  # `arange(q)[:, None] >= arange(k)[None, :]`
-            condition = sim.new(seq * seq)
-            made.append(condition)
-        # WhereBackward keeps the condition for a trained bias's gradient.
-        where = sim.op([bias], size * (batch if mask is not None else 1), save=[condition])
-        float_mask = sim.op([where], sim.size(where), alias=True)
-        sim.drop(where, *made)
-    elif contiguous:
-        float_mask = bias
-    else:
-        float_mask = sim.op([bias], size, alias=True)
-    q_bytes = recipe.act * batch * seq * arch.heads * arch.head_dim
-    out = sim.op(
-        [query, key, value, float_mask],
-        q_bytes,
-        save=[query, key, value, float_mask],
-        save_out=True,
-        saved_outputs=(4 * batch * arch.heads * seq,),
-    )
-    if float_mask != bias:
-        sim.drop(float_mask)
     return out
 
 
