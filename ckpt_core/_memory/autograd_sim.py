@@ -76,6 +76,7 @@ class Sim(Graph):
             # The generated backward functions compute the last input's gradient first
             # (BmmBackward0: mat2 before self; MulBackward0: other before self).
             wides: list[int] = []  # gradients made in the output's dtype, to be cast
+            casts: list[tuple[int, int]] = []  # their inputs and the inputs' sizes
             for tid in node.inputs if node.grads_in_order else reversed(node.inputs):
                 size, grad = self.info[tid]
                 if not grad:
@@ -87,15 +88,14 @@ class Sim(Graph):
                     continue
                 if cast and not node.alias:
                     wides.append(self.new(self.size(node.outputs[0])))
+                    casts.append((tid, size))
                     continue
                 self._take(node, tid, self.new(size), grads, summed)
             if wides:
                 # The engine's validate_outputs casts them, in input order, once the
                 # function has returned them all; the wide ones die after.
-                for tid in node.inputs:
-                    size = self.info[tid][0]
-                    if self.info[tid][1] and size != self.size(node.outputs[0]):
-                        self._take(node, tid, self.new(size), grads, summed)
+                for tid, size in casts if node.grads_in_order else reversed(casts):
+                    self._take(node, tid, self.new(size), grads, summed)
                 self.drop(*wides)
             if node.matmul and self.blas_workspace:
                 # cuBLAS asks for the thread's workspace after the output is allocated;

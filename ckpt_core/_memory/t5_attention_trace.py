@@ -175,20 +175,17 @@ def _fused(
     batch, seq = recipe.batch, recipe.seq
     size = recipe.act * arch.heads * seq * seq
     made: list[int] = []
+    source = bias
     if mask is not None or causal:
         condition = mask
         if mask is None:  # `arange(q)[:, None] >= arange(k)[None, :]`
             condition = sim.new(seq * seq)
             made.append(condition)
         # WhereBackward keeps the condition for a trained bias's gradient.
-        where = sim.op([bias], size * (batch if mask is not None else 1), save=[condition])
-        # `where` lays its output out as the bias: a permuted relative bias needs the copy.
-        float_mask = where if contiguous else sim.op([where], sim.size(where), alias=True)
-        sim.drop(*made, *([] if float_mask == where else [where]))
-    elif contiguous:
-        float_mask = bias
-    else:
-        float_mask = sim.op([bias], size, alias=True)
+        source = sim.op([bias], size * (batch if mask is not None else 1), save=[condition])
+    # `where` lays its output out as the bias: a permuted relative bias needs the copy.
+    float_mask = source if contiguous else sim.op([source], sim.size(source), alias=True)
+    sim.drop(*made, *([] if source in (bias, float_mask) else [source]))
     q_bytes = recipe.act * batch * seq * arch.heads * arch.head_dim
     out = sim.op(
         [query, key, value, float_mask],
