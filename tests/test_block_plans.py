@@ -14,6 +14,7 @@ import pytest
 
 from ckpt_core import InvalidGranularityError, Plan, make_plan
 from ckpt_core._memory.activations import block_kinds, block_layout
+from ckpt_core._memory.advise import _nearest_fitting
 from ckpt_core._memory.inputs import model_facts, parse_workload, prepare
 from ckpt_core._memory.placement import place
 from ckpt_core._memory.search import Candidate, canonical, evaluate
@@ -78,6 +79,21 @@ def test_rtx_4090_llama_8b_full_8k_answers_qlora_or_a_shorter_sequence() -> None
         }
         assert option["changes"]
     assert "qlora" in result.reason
+
+
+def test_a_repeated_request_where_nothing_fits_takes_its_alternatives_from_the_cache() -> None:
+    """The alternatives search plans dozens of workloads; a repeated request is answered
+    from its cache, and another budget is searched anew."""
+    first = auto("RTX 4090", "llama-3.1-8b", seq_len=8192)
+    info = _nearest_fitting.cache_info()
+    again = auto("RTX 4090", "llama-3.1-8b", seq_len=8192)
+    assert _nearest_fitting.cache_info().hits == info.hits + 1
+    assert again.estimate["alternatives"] == first.estimate["alternatives"]
+    assert again.reason == first.reason
+    smaller = auto(20.0, "llama-3.1-8b", seq_len=8192)
+    assert _nearest_fitting.cache_info().misses == info.misses + 1
+    assert budget_of(smaller) < budget_of(first)
+    assert all(o["peak_bytes"] <= budget_of(smaller) for o in smaller.estimate["alternatives"])
 
 
 def test_a_full_fine_tune_that_fits_only_with_the_fused_step_is_told_so() -> None:

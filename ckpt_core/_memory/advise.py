@@ -23,6 +23,7 @@ Its inputs (the model's facts, the workload prepared against them) come from
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -33,12 +34,13 @@ from ckpt_core._memory.estimate import (
     GIB,
     unquantized_parameter_bytes,
 )
-from ckpt_core._memory.inputs import Run, model_facts, parse_workload, prepare
+from ckpt_core._memory.inputs import Facts, Run, model_facts, parse_workload, prepare
 from ckpt_core._memory.placement import place
 from ckpt_core._memory.search import Candidate, auto_pick, granularity_of, tier_candidates
 from ckpt_core._memory.sharding import distributed_summary
 from ckpt_core._memory.verdict import tight_band, tight_note, verdict
 from ckpt_core._planning.block_plan import BlockPlan
+from ckpt_core._planning.workload import Workload
 
 # Selective saving less than this share of the activations is worth saying.
 SMALL_SAVING: Final = 0.25
@@ -141,11 +143,7 @@ def choose(
     band = estimate["assumptions"]["tight_band"]
     picked = auto_pick(arch, step, run.peak, budget, band=band, tiers=tiers)
     if picked is None:
-        judge, feasible = judges_for(
-            lambda workload: prepare(run.facts, workload, run.gpu, rotary_matmul=run.rotary_matmul),
-            budget,
-        )
-        options = tuple(alternatives(run.workload, judge, feasible))
+        options = _nearest_fitting(run.facts, run.workload, run.gpu, run.rotary_matmul, budget)
         reason = (
             f"auto: nothing fits - even full needs an estimated "
             f"{_gib(tiers['full'].memory.peak_bytes)} > {where}; {_options_text(run, options)}"
@@ -290,6 +288,18 @@ def advise(
     reason = f"tier {tier!r} requested; {_fit_sentence(estimate, tier)}"
     reason += selective_note(run, estimate, tier) if tier == "selective" else ""
     return Advice(granularity, reason, describe(tier, gpu_memory_gb), estimate)  # type: ignore[arg-type]
+
+
+@functools.lru_cache(maxsize=256)
+def _nearest_fitting(
+    facts: Facts, workload: Workload, gpu: str | None, rotary_matmul: bool, budget: int
+) -> tuple[Alternative, ...]:
+    """`alternatives.alternatives` for a request, cached per request: the search plans dozens
+    of workloads from the cached peaks, most of a repeated call's time without it."""
+    judge, feasible = judges_for(
+        lambda changed: prepare(facts, changed, gpu, rotary_matmul=rotary_matmul), budget
+    )
+    return tuple(alternatives(workload, judge, feasible))
 
 
 def _fit_sentence(estimate: Mapping[str, Any], tier: str) -> str:
