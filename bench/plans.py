@@ -25,8 +25,8 @@ Prints per preset and overall: cells with a feasible plan, the compute saved
 by auto against tier-only (``1 - auto / tier-only`` of the step's FLOPs),
 auto's largest gap to the optimum, and the time of ``make_plan("auto", ...)``
 with a model: the first call for the cell's model and workload with the
-allocator replay's and the peaks' caches emptied (cold: what a new request
-costs), and the best of ``--repeat`` further calls (warm: the replays and peaks
+allocator replay's, the peaks' and the alternatives' caches emptied (cold: what
+a new request costs), and the best of ``--repeat`` further calls (warm: the replays and peaks
 cached, the search and the rest), the least disturbed by other load on the
 machine.
 Cells whose sequence exceeds a model's learned positions are skipped.
@@ -121,6 +121,7 @@ def _preset_cells(preset: str, repeat: int) -> list[Cell]:
 def _cell(preset: str, gib: float, seq: int, method: str, repeat: int) -> Cell | None:
     from ckpt_core import make_plan
     from ckpt_core._errors import InvalidWorkloadError
+    from ckpt_core._memory.advise import _nearest_fitting
     from ckpt_core._memory.inputs import model_facts, parse_workload, prepare
     from ckpt_core._memory.peak_model import tier_memory
     from ckpt_core._memory.search import cheapest_fit, tier_candidates
@@ -135,6 +136,7 @@ def _cell(preset: str, gib: float, seq: int, method: str, repeat: int) -> Cell |
     model = {"preset": preset}
     simulate.cache_clear()
     tier_memory.cache_clear()
+    _nearest_fitting.cache_clear()
     started = time.perf_counter()
     make_plan("auto", gib, model=model, workload=workload)
     cold_ms = (time.perf_counter() - started) * 1000
