@@ -72,6 +72,13 @@ _WORKLOAD_FLAGS: tuple[tuple[str, type], ...] = (
     ("gpus_per_node", int),
     ("hybrid", bool),
     ("host_memory_gb", float),
+    ("double_quant", bool),
+    ("kbit_preparation", str),
+    ("compute", str),
+    ("gradients", str),
+    ("sdpa_backend", str),
+    ("load_path", str),
+    ("logits_held", bool),
 )
 
 
@@ -98,6 +105,19 @@ _FLAG_HELP: dict[str, str] = {
     "gpus_per_node": "GPUs sharing one host (with --host-memory-gb or --hybrid)",
     "hybrid": "shard within each node, replicate across nodes (zero3)",
     "host_memory_gb": "host memory per node in GiB, checked against offload",
+    "double_quant": "bitsandbytes' bnb_4bit_use_double_quant (qlora; off by default)",
+    "kbit_preparation": "peft (PEFT's prepare_model_for_kbit_training: the parameters left "
+    "unquantized in fp32; the default) | none",
+    "compute": "loaded (weights loaded in --dtype; the default) | autocast (fp32 weights under "
+    "autocast to --dtype, as TrainingArguments(bf16=True) on an fp32 model)",
+    "gradients": "set_to_none (zero_grad(set_to_none=True) each step; the default) | "
+    "accumulate (gradient accumulation: gradients held through the step)",
+    "sdpa_backend": "auto (torch picks sdpa's kernel; the default) | efficient (pinned with "
+    "sdpa_kernel(EFFICIENT_ATTENTION))",
+    "load_path": "device_map (from_pretrained with a device map) | to_device (loaded on the "
+    "CPU, then .to(device)); default: device_map for quantized weights, else to_device",
+    "logits_held": "the step's output (logits) stays referenced through backward (the "
+    "default); --no-logits-held when the training loop drops it before backward",
 }
 
 
@@ -184,8 +204,10 @@ def _add_workload_args(
         if names is not None and name not in names:
             continue
         flag = "--" + name.replace("_", "-")
-        if kind is bool:  # a switch; absent means the workload's default
-            group.add_argument(flag, action="store_const", const=True, help=_FLAG_HELP.get(name))
+        if kind is bool:  # --flag / --no-flag; absent means the workload's default
+            group.add_argument(
+                flag, action=argparse.BooleanOptionalAction, help=_FLAG_HELP.get(name)
+            )
             continue
         group.add_argument(flag, type=kind, help=_FLAG_HELP.get(name))
 

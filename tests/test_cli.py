@@ -7,8 +7,10 @@ have their own tests).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -18,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from ckpt_core import describe_tier, make_plan
+from ckpt_core import Workload, describe_tier, make_plan
 from ckpt_core._configs.presets import preset_names
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUTF8": "1"}
@@ -102,6 +104,52 @@ def test_resolve_with_a_model_is_the_model_aware_plan() -> None:
     assert set(answer["estimate"]["tiers"]) == {"off", "selective", "medium", "full"}
     assert "what would fit" in answer["reason"]  # nothing fits: says what would
     assert answer["estimate"]["alternatives"] == expected.estimate["alternatives"]
+
+
+def test_every_workload_field_has_a_resolve_flag() -> None:
+    """What the Python API and the service take, a person can say on the command line."""
+    result = ckpt("resolve", "--help")
+    assert result.returncode == 0, result.stderr
+    flags = set(re.findall(r"--[a-z-]+", result.stdout))
+    for field in dataclasses.fields(Workload):
+        assert "--" + field.name.replace("_", "-") in flags, field.name
+
+
+# The real recipe's flags: a QLoRA step on an RTX 4090, each against its workload field.
+RECIPE = ["--tier", "auto", "--gpu", "RTX 4090", "--model", "llama-3.2-1b", "--seq-len", "4096"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "fields"),
+    [
+        (["--double-quant"], {"double_quant": True}),
+        (["--kbit-preparation", "none"], {"kbit_preparation": "none"}),
+        (["--no-logits-held"], {"logits_held": False}),
+        (
+            ["--sdpa-backend", "efficient", "--load-path", "to_device"],
+            {
+                "sdpa_backend": "efficient",
+                "load_path": "to_device",
+            },
+        ),
+        (["--gradients", "accumulate", "--method", "full"], {"gradients": "accumulate"}),
+        (["--compute", "autocast", "--method", "lora"], {"compute": "autocast"}),
+    ],
+)
+def test_recipe_flags_reach_the_estimate(flags: list[str], fields: dict[str, Any]) -> None:
+    answer = ckpt_json("resolve", *RECIPE, "--method", "qlora", *flags)
+    method = flags[flags.index("--method") + 1] if "--method" in flags else "qlora"
+    base = {"seq_len": 4096, "method": method}
+    model = {"preset": "llama-3.2-1b"}
+    expected = make_plan("auto", gpu="RTX 4090", model=model, workload={**base, **fields})
+    assert answer == expected.to_dict()
+    default = make_plan("auto", gpu="RTX 4090", model=model, workload=base).to_dict()
+    assert answer["estimate"]["tiers"] != default["estimate"]["tiers"]  # the flag did something
+
+
+def test_a_bad_recipe_value_names_its_flag() -> None:
+    assert_bad_input(ckpt("resolve", *RECIPE, "--compute", "fp8"), "--compute", "autocast")
+    assert_bad_input(ckpt("resolve", *RECIPE, "--kbit-preparation", "x"), "--kbit-preparation")
 
 
 def test_resolve_table_shows_kwargs_hooks_and_reason() -> None:
