@@ -14,9 +14,28 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Final
 
 ROOT = Path(__file__).resolve().parents[1]
+# LoRA on the attention: Llama's linears, and those of model types that name them otherwise.
+TARGETS: Final = ("q_proj", "k_proj", "v_proj", "o_proj")
+TARGETS_BY_TYPE: Final[dict[str, tuple[str, ...]]] = {
+    "phi3": ("qkv_proj", "o_proj"),  # fused q / k / v
+    "t5": ("q", "k", "v", "o"),  # self- and cross-attention
+    "phi": ("q_proj", "k_proj", "v_proj", "dense"),
+    "gpt_neox": ("query_key_value", "dense"),
+    "opt": ("q_proj", "k_proj", "v_proj", "out_proj"),
+    "deepseek_v2": ("q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"),  # latent attention
+    "deepseek_v3": ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"),
+    "falcon": ("query_key_value", "dense"),
+    "gpt2": ("c_attn", "attn.c_proj"),
+    "bert": ("query", "key", "value", "attention.output.dense"),
+}
+
+
+def attention_targets(model_type: str) -> list[str]:
+    """The LoRA targets that adapt a model type's attention projections."""
+    return list(TARGETS_BY_TYPE.get(model_type, TARGETS))
 
 
 def free_port() -> int:

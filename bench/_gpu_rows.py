@@ -2,7 +2,8 @@
 
 A row is the schema of ``../shared/data/gpu-steps`` (``model_config``, ``run``,
 ``measured``, ``predicted``); rows recorded by ``bench/gpu_step.py`` add
-``run.tier`` (``off`` | ``selective`` | ``medium`` | ``full``) and
+``run.tier`` (``off`` | ``selective`` | ``medium`` | ``full``, or ``blocks:K``: a
+block-level plan checkpointing K whole blocks, placed as ``auto`` places them) and
 ``run.model_type``.  Shared by ``bench/gpu_truth.py``, ``bench/gpu_step.py``
 and the tests.
 """
@@ -13,7 +14,11 @@ import json
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from ckpt_core._memory.activations import ModeCounts
+    from ckpt_core._memory.arch import Arch
 
 MIB: Final = 1 << 20
 ROOT: Final = Path(__file__).resolve().parents[1]
@@ -28,6 +33,7 @@ REPEAT: Final = re.compile(r"-r\d+\.json$")
 # The shared rows name no transformers version; their archives' provenance says 5.17.0
 # (2026-09-15) and 5.0.0 (2026-09-16), both computing RoPE's angles with a matmul.
 SHARED_ROWS_TRANSFORMERS: Final = "5.17.0"
+BLOCKS: Final = "blocks:"  # a tier naming a block-level plan: blocks:K
 # The shared rows' harness's --optimizer names that differ from the workload's.
 HARNESS_OPTIMIZERS: Final = {"adam8bit": "adamw_8bit", "sgd-momentum": "sgd_momentum"}
 
@@ -178,6 +184,23 @@ def tier_of(row: dict[str, Any]) -> str:
     return str(run.get("tier") or ("full" if run.get("grad_checkpoint") else "off"))
 
 
+def full_blocks(arch: Arch, tier: str) -> ModeCounts:
+    """A ``blocks:K`` tier's assignment: K whole blocks checkpointed, the rest off.
+
+    Raises ValueError for a K the model has not, or a model of several kinds of block
+    (whose K would not say which)."""
+    from ckpt_core._memory.activations import block_kinds
+
+    kinds = block_kinds(arch)
+    if len(kinds) != 1:
+        raise ValueError(f"{tier}: only for a model of one kind of block")
+    ((kind, blocks),) = kinds
+    count = tier.removeprefix(BLOCKS)
+    if not count.isdigit() or int(count) > blocks:
+        raise ValueError(f"{tier}: K must be a whole number of blocks from 0 to {blocks}")
+    return ((("full", kind), int(count)), (("off", kind), blocks - int(count)))
+
+
 def gpu_of(row: dict[str, Any]) -> str | None:
     """The GPU-table name of the row's GPU, or None when the table does not know it."""
     from ckpt_core._planning.gpus import lookup_gpu
@@ -199,13 +222,16 @@ def rotary_matmul_of(row: dict[str, Any]) -> bool:
 
 
 def estimate_row(row: dict[str, Any], budget_bytes: int | None = None) -> dict[str, Any]:
-    """The estimate's tier entry for the row (allocated, peak, verdict against a budget).
+    """The estimate's tier entry for the row (allocated, peak, verdict against a budget);
+    for a ``blocks:K`` row, the entry ``estimate["chosen"]`` gives that plan.
 
     LoRA targets the model has no linear for are dropped, as PEFT drops them when
     another target matches (the harness's q / k / v / o on Phi-3 adapt its o_proj)."""
-    from ckpt_core._memory.advise import estimate_tiers
+    from ckpt_core._memory.advise import chosen_row, estimate_tiers
     from ckpt_core._memory.inputs import model_facts, parse_workload, prepare
     from ckpt_core._memory.param_layout import matches_target
+    from ckpt_core._memory.search import evaluate
+    from ckpt_core._memory.verdict import tight_band
 
     facts = model_facts(model_input(row))
     fields = {**workload_of(row), "headroom": 0.0}
@@ -217,5 +243,9 @@ def estimate_row(row: dict[str, Any], budget_bytes: int | None = None) -> dict[s
             if any(matches_target(name, target) for name in names)
         ]
     run = prepare(facts, parse_workload(fields), gpu_of(row), rotary_matmul=rotary_matmul_of(row))
+    tier, arch = tier_of(row), facts.arch
+    if tier.startswith(BLOCKS):
+        candidate = evaluate(arch, run.step, run.peak, full_blocks(arch, tier))
+        return chosen_row(candidate, budget_bytes, tight_band(arch, run.step))
     memory_gib = None if budget_bytes is None else budget_bytes / (1 << 30)
-    return estimate_tiers(run, memory_gib)["tiers"][tier_of(row)]
+    return estimate_tiers(run, memory_gib)["tiers"][tier]

@@ -10,16 +10,20 @@ bitsandbytes' own loading path; ``--load-path to_device`` loads on the CPU and
 moves the model with ``.to()`` instead of a device map), applies the recipe the
 estimate describes (QLoRA: ``BitsAndBytesConfig`` nf4, or 8-bit with
 ``--quantization int8``, PEFT's ``prepare_model_for_kbit_training``;
-LoRA through ``get_peft_model``, adapters fp32, ``lora_alpha = 2r``, dropout
-0), the tier with this project's hooks (``--hooks project``) or HF's native
+LoRA through ``get_peft_model`` on the attention's projections, adapters fp32,
+``lora_alpha = 2r``, dropout 0; ``--method full`` trains every parameter), the
+tier with this project's hooks (``--hooks project``) or HF's native
 checkpointing (``--hooks hf``, full only), then runs ``--warmup`` steps and one
 measured step: ``zero_grad(set_to_none=True)``, ``out = model(input_ids=x,
 labels=x, use_cache=False)`` (a multimodal model's text config keeps its own
-``use_cache``; ``--padded`` adds an ``attention_mask`` that pads each row's last
+``use_cache``; an encoder-decoder's decoder reads ``decoder_input_ids=x``, as from a
+seq2seq collator; ``--padded`` adds an ``attention_mask`` that pads each row's last
 token), ``out.loss.backward()``, ``optimizer.step()`` (torch AdamW on the
 trainable parameters: its foreach step, or ``--optimizer adamw_fused``).  It
 appends one row (measured fields plus the estimate's prediction) to ``--out``,
-which ``bench/gpu_truth.py`` scores.
+which ``bench/gpu_truth.py`` scores.  The model is the class the estimate describes
+(`ckpt_core._configs.model_config.model_class`): a causal LM, BERT's masked LM, T5's
+seq2seq LM.
 Without CUDA it exits with status 3 and says so.
 """
 
@@ -33,20 +37,29 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Final
 
+from bench._common import attention_targets
+from bench._gpu_rows import BLOCKS, full_blocks
+
 MIB: Final = 1 << 20
 NO_CUDA: Final = 3
+BAD_TIER: Final = 2  # argparse's status for bad arguments
 TIERS: Final = ("off", "selective", "medium", "full")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="a bundled preset or a config.json path")
-    parser.add_argument("--tier", choices=TIERS, default="full")
+    parser.add_argument(
+        "--tier",
+        type=_tier,
+        default="full",
+        help=f"{' | '.join(TIERS)} | {BLOCKS}K (K whole blocks checkpointed, placed as auto does)",
+    )
     parser.add_argument("--hooks", choices=("project", "hf"), default="project")
     parser.add_argument("--seq-len", type=int, required=True)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--dtype", choices=("fp16", "bf16", "fp32"), default="bf16")
-    parser.add_argument("--method", choices=("lora", "qlora"), default="lora")
+    parser.add_argument("--method", choices=("full", "lora", "qlora"), default="lora")
     parser.add_argument(
         "--quantization",
         choices=("nf4", "int8"),
@@ -54,8 +67,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="qlora's bitsandbytes weights: 4-bit nf4, or 8-bit (LLM.int8)",
     )
     parser.add_argument("--double-quant", action="store_true")
-    parser.add_argument("--lora-rank", type=int, default=32)
-    parser.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj")
+    parser.add_argument("--lora-rank", type=int, help="LoRA's rank (32)")
+    parser.add_argument(
+        "--lora-targets", help="comma-separated module names (the attention's projections)"
+    )
     parser.add_argument("--attention", choices=("eager", "sdpa"), default="sdpa")
     parser.add_argument(
         "--optimizer",
@@ -84,10 +99,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--method qlora is quantized while it loads: only --load-path device_map")
     if args.hooks == "hf" and args.tier != "full":
         parser.error("--hooks hf checkpoints every block: only --tier full")
+    if args.method == "full" and (args.lora_rank is not None or args.lora_targets is not None):
+        parser.error("--method full trains every parameter: no --lora-rank or --lora-targets")
+    if args.method != "full" and args.lora_rank is None:
+        args.lora_rank = 32
     for name in ("seq_len", "batch", "lora_rank", "warmup"):
-        if getattr(args, name) < (0 if name == "warmup" else 1):
+        value = getattr(args, name)
+        if value is not None and value < (0 if name == "warmup" else 1):
             parser.error(f"--{name.replace('_', '-')} must be positive")
     return args
+
+
+def _tier(value: str) -> str:
+    if value in TIERS or (value.startswith(BLOCKS) and value.removeprefix(BLOCKS).isdigit()):
+        return value
+    raise argparse.ArgumentTypeError(f"{value!r} is not {', '.join(TIERS)} or {BLOCKS}K")
 
 
 def model_input(spec: str) -> dict[str, Any]:
@@ -97,38 +123,33 @@ def model_input(spec: str) -> dict[str, Any]:
     return {"preset": spec}
 
 
-def workload_of(args: argparse.Namespace) -> dict[str, Any]:
-    """The estimate's workload for the step the arguments describe."""
-    return {
-        "seq_len": args.seq_len,
-        "micro_batch_size": args.batch,
-        "dtype": args.dtype,
-        "method": args.method,
-        **({"weights": args.quantization} if args.method == "qlora" else {}),
-        "lora_rank": args.lora_rank,
-        "lora_targets": args.lora_targets.split(","),
-        "attention": args.attention,
-        "optimizer": args.optimizer,
-        "double_quant": args.double_quant,
-        "padded": args.padded,
-        "load_path": args.load_path,
-    }
+def lora_targets_of(args: argparse.Namespace, config: dict[str, Any]) -> list[str] | None:
+    """The modules LoRA adapts: ``--lora-targets``, else the model type's attention
+    projections; None for a full fine-tune."""
+    if args.method == "full":
+        return None
+    if args.lora_targets is not None:
+        return args.lora_targets.split(",")
+    return attention_targets(config["model_type"])
 
 
 def model_config_of(config: dict[str, Any], name: str) -> dict[str, Any]:
-    """The shared rows' ``model_config`` from an HF config dict."""
-    heads = config["num_attention_heads"]
+    """The shared rows' ``model_config``, from the estimate's reading of the HF config
+    (so that every family's config, whatever it names its sizes, gives the same keys)."""
+    from ckpt_core._memory.inputs import model_facts
+
+    arch = model_facts({"config": config}).arch
     return {
         "name": name,
         "model_type": config["model_type"],
-        "hidden_size": config["hidden_size"],
-        "num_layers": config["num_hidden_layers"],
-        "num_attention_heads": heads,
-        "num_kv_heads": config.get("num_key_value_heads") or heads,
-        "intermediate_size": config["intermediate_size"],
-        "vocab_size": config["vocab_size"],
-        "head_dim": config.get("head_dim") or config["hidden_size"] // heads,
-        "tie_word_embeddings": bool(config.get("tie_word_embeddings", False)),
+        "hidden_size": arch.hidden,
+        "num_layers": arch.encoder_layers + arch.layers,
+        "num_attention_heads": arch.heads,
+        "num_kv_heads": arch.kv_heads,
+        "intermediate_size": arch.intermediate,
+        "vocab_size": arch.vocab,
+        "head_dim": arch.head_dim,
+        "tie_word_embeddings": arch.tied,
     }
 
 
@@ -142,12 +163,13 @@ def build_row(
     """One row: the run, what the GPU measured, and the estimate's prediction for it."""
     from bench._gpu_rows import estimate_row
 
+    adapters = "" if args.method == "full" else f" r={args.lora_rank}"
     row: dict[str, Any] = {
         "model_id": args.model,
         "gpu": gpu,
         "config": f"{args.method}"
         + (f" {args.quantization}" if args.method == "qlora" else "")
-        + f" r={args.lora_rank} bs={args.batch} seq={args.seq_len} "
+        + f"{adapters} bs={args.batch} seq={args.seq_len} "
         f"{args.dtype} {args.attention} tier={args.tier} hooks={args.hooks}"
         + (" padded" if args.padded else ""),
         "run": {
@@ -161,9 +183,10 @@ def build_row(
             "padded": args.padded,
             "load_path": args.load_path,
             "optimizer": args.optimizer,
+            "optimizer_dtype": args.dtype,  # torch's AdamW keeps its states in the parameters'
             "method": args.method,
             "lora_rank": args.lora_rank,
-            "lora_targets": args.lora_targets.split(","),
+            "lora_targets": lora_targets_of(args, config),
             "grad_checkpoint": args.tier != "off",
             "tier": args.tier,
             "hooks": args.hooks,
@@ -195,12 +218,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
-    if not torch.cuda.is_available():
-        print("gpu_step.py needs a CUDA GPU: torch.cuda.is_available() is False", file=sys.stderr)
-        return NO_CUDA
     from ckpt_core._configs.model_config import load_model_config
 
     config = dict(load_model_config(model_input(args.model)).config)
+    if args.tier.startswith(BLOCKS):
+        try:
+            block_plan_of(args.tier, config)
+        except ValueError as exc:
+            print(f"gpu_step.py: --tier {exc}", file=sys.stderr)
+            return BAD_TIER
+    if not torch.cuda.is_available():
+        print("gpu_step.py needs a CUDA GPU: torch.cuda.is_available() is False", file=sys.stderr)
+        return NO_CUDA
     weights = tempfile.TemporaryDirectory() if args.weights is None else nullcontext(args.weights)
     with weights as folder:
         measured, versions = _measure_step(args, config, Path(folder))
@@ -216,14 +245,19 @@ def saved_random_weights(config: dict[str, Any], folder: Path, dtype: Any) -> Pa
     Loading goes through ``from_pretrained`` so that quantization takes transformers'
     and bitsandbytes' own path; a sweep builds each model once and reuses the folder.
     """
-    from transformers import AutoModelForCausalLM
-
     from ckpt_core._configs.model_config import hf_config_from_dict
 
     if not (folder / "config.json").is_file():
-        random = AutoModelForCausalLM.from_config(hf_config_from_dict(config), dtype=dtype)
+        random = _model_class(config)(hf_config_from_dict(config)).to(dtype)
         random.save_pretrained(folder)
     return folder
+
+
+def _model_class(config: dict[str, Any]) -> Any:
+    """The transformers class the estimate describes for ``config``."""
+    from ckpt_core._configs.model_config import load_model_config, model_class
+
+    return model_class(load_model_config({"config": config}))
 
 
 def prepared_model(
@@ -232,7 +266,7 @@ def prepared_model(
     """The model with the recipe and the tier applied, on ``device``, in training mode."""
     import torch
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    from transformers import BitsAndBytesConfig
 
     from ckpt_core import install_checkpoint_hooks
 
@@ -248,32 +282,47 @@ def prepared_model(
             bnb_4bit_use_double_quant=args.double_quant,
         )
     folder = saved_random_weights(config, weights, dtype)
+    cls = _model_class(config)
     if args.load_path == "device_map":
-        model = AutoModelForCausalLM.from_pretrained(folder, device_map=device, **kwargs)
+        model = cls.from_pretrained(folder, device_map=device, **kwargs)
     else:
-        model = AutoModelForCausalLM.from_pretrained(folder, **kwargs).to(device)
+        model = cls.from_pretrained(folder, **kwargs).to(device)
     if args.method == "qlora":
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-    lora = LoraConfig(
-        r=args.lora_rank,
-        lora_alpha=2 * args.lora_rank,
-        lora_dropout=0.0,
-        target_modules=args.lora_targets.split(","),
-    )
-    model = get_peft_model(model, lora)
-    model.enable_input_require_grads()
+    if args.method != "full":
+        lora = LoraConfig(
+            r=args.lora_rank,
+            lora_alpha=2 * args.lora_rank,
+            lora_dropout=0.0,
+            target_modules=lora_targets_of(args, config),
+        )
+        model = get_peft_model(model, lora)
+        model.enable_input_require_grads()
     if args.hooks == "hf":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    elif args.tier.startswith(BLOCKS):
+        install_checkpoint_hooks(model, "blocks", block_plan=block_plan_of(args.tier, config))
     elif args.tier != "off":
         install_checkpoint_hooks(model, args.tier)
     model.train()
     return model
 
 
+def block_plan_of(tier: str, config: dict[str, Any]) -> Any:
+    """The blocks a ``blocks:K`` tier checkpoints in this model (ValueError for a K it
+    cannot have)."""
+    from ckpt_core._memory.inputs import model_facts
+    from ckpt_core._memory.placement import place
+
+    arch = model_facts({"config": config}).arch
+    return place(arch, full_blocks(arch, tier))
+
+
 def training_step(model: Any, optimizer: Any, ids: Any, mask: Any = None) -> float:
     """One step as the shared rows ran it (``mask``: a padded batch's); returns the loss."""
     optimizer.zero_grad(set_to_none=True)
-    out = model(input_ids=ids, labels=ids, attention_mask=mask, use_cache=False)
+    decoder = {"decoder_input_ids": ids} if model.config.is_encoder_decoder else {}
+    out = model(input_ids=ids, labels=ids, attention_mask=mask, use_cache=False, **decoder)
     out.loss.backward()
     optimizer.step()
     return float(out.loss.detach())

@@ -3,10 +3,12 @@
 Run on a CUDA machine: ``.venv/bin/python -m bench.gpu_sweep [--out FILE] [--dry]``.
 For each preset x sequence length x tier (off, selective, medium, full) it
 runs ``bench.gpu_step`` in a fresh process (a clean CUDA context and
-caching allocator per row, as the shared rows were measured), LoRA r32 on q /
-k / v / o, bf16, sdpa (``--attention eager``, ``--tiers`` for others;
-``--padded``: an attention mask that pads each row's last token; ``--method qlora
---quantization nf4|int8`` and ``--load-path to_device`` for other recipes),
+caching allocator per row, as the shared rows were measured), LoRA r32 on the
+attention's projections, bf16, sdpa (``--attention eager``, ``--tiers`` for others;
+``--padded``: an attention mask that pads each row's last token; ``--method full``,
+``--method qlora --quantization nf4|int8`` and ``--load-path to_device`` for other
+recipes; ``--presets t5-base,bert-base-uncased`` for the encoder families;
+``--tiers blocks:8`` for a block-level plan of 8 whole blocks),
 appending the rows to ``--out`` (default ``bench/data/sweep.json``), which
 ``bench/gpu_truth.py`` then scores.  Each model's random weights are built
 once and reused by its later steps.
@@ -80,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiers", default=",".join(TIERS))
     parser.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa")
     parser.add_argument("--padded", action="store_true", help="padded batches (gpu_step's)")
-    parser.add_argument("--method", choices=("lora", "qlora"), default="lora")
+    parser.add_argument("--method", choices=("full", "lora", "qlora"), default="lora")
     parser.add_argument("--quantization", choices=("nf4", "int8"), default="nf4")
     parser.add_argument("--load-path", choices=("device_map", "to_device"), default="device_map")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per step")
@@ -108,6 +110,8 @@ def _recipe(args: argparse.Namespace) -> tuple[str, ...]:
     recipe: list[str] = []
     if args.method == "qlora":
         recipe += ["--method", "qlora", "--quantization", args.quantization]
+    elif args.method == "full":
+        recipe += ["--method", "full"]
     if args.load_path != "device_map":
         recipe += ["--load-path", args.load_path]
     return tuple(recipe)

@@ -46,33 +46,18 @@ from typing import TYPE_CHECKING, Any, Final
 
 import torch
 
+from bench._common import attention_targets
+from bench._gpu_rows import BLOCKS, full_blocks
 from bench._meta_kernels import Event, int8_layer, nf4_layer
 from bench._op_recording import record_step, replay, with_workspaces
-from ckpt_core._memory.activations import ModeCounts, block_kinds
 from ckpt_core._memory.allocator import MIB
 from ckpt_core._memory.families import family_of
 from ckpt_core._memory.placement import place
 
 if TYPE_CHECKING:
-    from ckpt_core._memory.arch import Arch
     from ckpt_core._memory.inputs import Run
 
-TARGETS: Final = ["q_proj", "k_proj", "v_proj", "o_proj"]
-# LoRA on the attention of model types whose linears are named otherwise.
-TARGETS_BY_TYPE: Final = {
-    "phi3": ["qkv_proj", "o_proj"],  # fused q / k / v
-    "t5": ["q", "k", "v", "o"],  # self- and cross-attention
-    "phi": ["q_proj", "k_proj", "v_proj", "dense"],
-    "gpt_neox": ["query_key_value", "dense"],
-    "opt": ["q_proj", "k_proj", "v_proj", "out_proj"],
-    "deepseek_v2": ["q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"],  # latent attention
-    "deepseek_v3": ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"],
-    "falcon": ["query_key_value", "dense"],
-    "gpt2": ["c_attn", "attn.c_proj"],
-    "bert": ["query", "key", "value", "attention.output.dense"],
-}
 PRESETS: Final = ("llama-3.2-1b", "qwen2.5-0.5b", "gemma-3-1b", "phi-3-mini", "qwen3-8b")
-BLOCKS: Final = "blocks:"  # a tier naming a block-level plan: blocks:K
 GPU: Final = "A100-80GB"  # the workspace size; the context is taken off the estimate
 
 
@@ -97,7 +82,7 @@ class Case:
             return "all-linear"
         if self.lora_targets:
             return list(self.lora_targets)
-        return TARGETS_BY_TYPE.get(str(self.model_config["model_type"]), TARGETS)
+        return attention_targets(str(self.model_config["model_type"]))
 
     @property
     def model_config(self) -> dict[str, Any]:
@@ -160,7 +145,9 @@ def _model(case: Case) -> Any:
         model.enable_input_require_grads()
     if case.tier.startswith(BLOCKS):
         arch = prepared(case).facts.arch
-        install_checkpoint_hooks(model, "blocks", block_plan=place(arch, block_counts(case, arch)))
+        install_checkpoint_hooks(
+            model, "blocks", block_plan=place(arch, full_blocks(arch, case.tier))
+        )
     elif case.tier != "off":
         install_checkpoint_hooks(model, case.tier)
     return model.train()
@@ -221,16 +208,6 @@ def prepared(case: Case) -> Run:
     )
 
 
-def block_counts(case: Case, arch: Arch) -> ModeCounts:
-    """A ``blocks:K`` case's assignment: K full blocks, the rest off (one kind of block)."""
-    kinds = block_kinds(arch)
-    if len(kinds) != 1:
-        raise ValueError(f"{case.preset}: a blocks:K case needs a model of one kind of block")
-    ((kind, blocks),) = kinds
-    full = int(case.tier.removeprefix(BLOCKS))
-    return ((("full", kind), full), (("off", kind), blocks - full))
-
-
 def estimate(case: Case) -> tuple[int, int, int]:
     """The estimate's (allocated peak, reserved pool, cuBLAS workspace) for the case."""
     from ckpt_core._memory.advise import estimate_tiers
@@ -239,7 +216,7 @@ def estimate(case: Case) -> tuple[int, int, int]:
     assert run.recipe.trace is not None
     workspace = run.recipe.trace.blas_workspace
     if case.tier.startswith(BLOCKS):
-        counts = block_counts(case, run.facts.arch)
+        counts = full_blocks(run.facts.arch, case.tier)
         memory = run.peak.of(run.facts.arch, run.step, counts)
         return memory.allocated_bytes, memory.peak_bytes - run.context[0], workspace
     answer = estimate_tiers(run, None)

@@ -12,6 +12,7 @@ import torch
 from bench import gpu_step
 from bench._gpu_rows import estimate_row, load_rows, workload_of
 from ckpt_core._configs.model_config import load_model_config
+from ckpt_core._memory.inputs import model_facts
 
 ARGS = ["--model", "llama-3.2-1b", "--seq-len", "1024", "--batch", "2", "--out", "rows.json"]
 MEASURED = {
@@ -32,7 +33,18 @@ def test_defaults_and_choices() -> None:
         "lora",
         "sdpa",
     )
-    assert args.lora_targets.split(",") == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    assert args.lora_rank == 32
+    llama = dict(load_model_config({"preset": "llama-3.2-1b"}).config)
+    assert gpu_step.lora_targets_of(args, llama) == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    bert = dict(load_model_config({"preset": "bert-base-uncased"}).config)
+    assert gpu_step.lora_targets_of(args, bert) == [
+        "query",
+        "key",
+        "value",
+        "attention.output.dense",
+    ]
+    full = gpu_step.parse_args([*ARGS, "--method", "full"])
+    assert full.lora_rank is None and gpu_step.lora_targets_of(full, llama) is None
 
 
 @pytest.mark.parametrize(
@@ -40,6 +52,9 @@ def test_defaults_and_choices() -> None:
     [
         ["--tier", "medium", "--hooks", "hf"],  # HF's checkpointing has no medium
         ["--tier", "most"],
+        ["--tier", "blocks:"],
+        ["--tier", "blocks:half"],
+        ["--tier", "blocks:4", "--hooks", "hf"],
         ["--batch", "0"],
         ["--attention", "flash"],
         ["--method", "qlora", "--load-path", "to_device"],  # bitsandbytes quantizes on load
@@ -47,6 +62,9 @@ def test_defaults_and_choices() -> None:
         ["--quantization", "int8"],  # only with --method qlora
         ["--method", "qlora", "--quantization", "fp4"],
         ["--optimizer", "sgd"],  # the harness steps torch's AdamW only
+        ["--method", "full", "--lora-rank", "8"],  # a full fine-tune has no adapters
+        ["--method", "full", "--lora-targets", "q_proj"],
+        ["--lora-rank", "0"],
     ],
 )
 def test_bad_arguments_are_refused(extra: list[str]) -> None:
@@ -69,6 +87,7 @@ def test_without_cuda_it_says_so_and_fails(tmp_path: Path, capsys: pytest.Captur
         ("qlora", "full", "eager", "nf4"),
         ("qlora", "medium", "sdpa", "int8"),
         ("lora", "medium", "sdpa", "nf4"),
+        ("full", "off", "eager", "nf4"),
     ],
 )
 def test_the_row_round_trips_through_gpu_truth(
@@ -88,11 +107,43 @@ def test_the_row_round_trips_through_gpu_truth(
     workload = workload_of(loaded)
     assert workload["method"] == method and workload["attention"] == attention
     assert workload.get("weights") == (quantization if method == "qlora" else None)
+    assert workload["dtype"] == "fp16"  # a full fine-tune's AdamW keeps fp16 states here
+    assert ("lora_rank" in workload) == (method != "full")
     assert workload["seq_len"] == 1024 and workload["micro_batch_size"] == 2
     assert workload["load_path"] == "device_map"  # from_pretrained(device_map=...), the default
     estimate = estimate_row(loaded)
     assert row["predicted"]["process_mib"] == estimate["peak_bytes"] / gpu_step.MIB
     assert row["model_config"]["num_kv_heads"] == config["num_key_value_heads"]
+
+
+def test_a_block_level_row_is_estimated_as_that_plan(tmp_path: Path) -> None:
+    """--tier blocks:K: the row names the plan, and its prediction is that plan's, between
+    the tiers that checkpoint every block and none; a budget gives it a verdict."""
+    config = dict(load_model_config({"preset": "llama-3.2-1b"}).config)
+
+    def row(tier: str) -> dict[str, Any]:
+        args = gpu_step.parse_args([*ARGS, "--tier", tier])
+        built = gpu_step.build_row(args, config, MEASURED, "NVIDIA H200", {"torch": "x"})
+        gpu_step.append_row(tmp_path / tier.replace(":", "-") / "rows.json", built)
+        return built
+
+    off, half, full = row("off"), row("blocks:8"), row("full")
+    predicted = [r["predicted"]["allocated_mib"] for r in (off, half, full)]
+    assert predicted[0] > predicted[1] > predicted[2]
+    (loaded,) = load_rows([tmp_path / "blocks-8"])
+    assert loaded["run"]["tier"] == "blocks:8" and estimate_row(loaded) == estimate_row(half)
+    plan = gpu_step.block_plan_of("blocks:8", config)
+    assert len(plan.full) == 8 and not plan.selective
+    peak = estimate_row(half)["peak_bytes"]
+    assert estimate_row(half, peak + 2**30)["verdict"] == "fits"
+    assert estimate_row(half, peak // 2)["verdict"] == "does_not_fit"
+
+
+def test_a_block_count_the_model_has_not_is_refused_before_the_gpu(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    assert gpu_step.main([*ARGS, "--tier", "blocks:17"]) == 2  # llama-3.2-1b has 16 blocks
+    assert "from 0 to 16" in capsys.readouterr().err
 
 
 def test_a_padded_row_is_estimated_as_a_padded_batch() -> None:
@@ -165,6 +216,13 @@ def test_the_sweep_covers_every_tier_of_three_families_at_two_lengths(
     assert gpu_sweep.main(["--dry", "--load-path", "to_device", "--tiers", "off"]) == 0
     moved = capsys.readouterr().out.splitlines()
     assert gpu_step.parse_args(moved[0].split()[1:]).load_path == "to_device"
+    encoders = ["--presets", "t5-base,bert-base-uncased", "--seqs", "512", "--tiers", "off"]
+    assert gpu_sweep.main(["--dry", "--method", "full", *encoders]) == 0
+    full = [gpu_step.parse_args(line.split()[1:]) for line in capsys.readouterr().out.splitlines()]
+    assert [(a.model, a.method, a.lora_rank) for a in full] == [
+        ("t5-base", "full", None),
+        ("bert-base-uncased", "full", None),
+    ]
 
 
 TINY = {
@@ -187,7 +245,7 @@ def test_the_step_recipe_runs_on_cpu_and_every_tier_gives_the_same_loss(
     weights = gpu_step.saved_random_weights(TINY, tmp_path / "weights", torch.float32)
     built = (weights / "config.json").stat().st_mtime_ns
     losses = {}
-    for tier in ("off", "selective", "medium", "full"):
+    for tier in ("off", "selective", "medium", "full", "blocks:1"):
         args = gpu_step.parse_args(["--model", "tiny", "--seq-len", "16", "--out", "x.json"])
         args.tier, args.dtype = tier, "fp32"
         torch.manual_seed(0)  # the same adapter initialisation for every tier
@@ -204,3 +262,77 @@ def test_the_step_recipe_runs_on_cpu_and_every_tier_gives_the_same_loss(
     for tier, values in losses.items():
         assert values == pytest.approx(losses["off"], rel=1e-5), tier
     assert losses["off"][1] != losses["off"][0]  # the optimizer stepped the adapters
+
+
+@pytest.mark.parametrize("preset", ["bert-base-uncased", "t5-base"])
+def test_an_encoder_family_row_is_estimated_as_its_own_model(preset: str) -> None:
+    """BERT's and T5's rows: the sizes read as the estimate reads them (T5's d_model,
+    both stacks), LoRA on their own attention names, and a prediction for their step."""
+    args = gpu_step.parse_args(["--model", preset, "--seq-len", "512", "--out", "x.json"])
+    config = dict(load_model_config({"preset": preset}).config)
+    row = gpu_step.build_row(args, config, MEASURED, "NVIDIA H200", {"torch": "x"})
+    facts = model_facts({"preset": preset}).arch
+    assert row["model_config"]["hidden_size"] == facts.hidden
+    assert row["model_config"]["num_layers"] == facts.encoder_layers + facts.layers
+    targets = workload_of(row)["lora_targets"]
+    assert targets == gpu_step.lora_targets_of(args, config) != ["q_proj", "k_proj"]
+    assert row["predicted"]["allocated_mib"] == estimate_row(row)["allocated_bytes"] / 2**20
+
+
+TINY_BERT = {
+    "model_type": "bert",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "vocab_size": 128,
+    "max_position_embeddings": 64,
+}
+TINY_T5 = {
+    "model_type": "t5",
+    "d_model": 64,
+    "d_kv": 16,
+    "d_ff": 128,
+    "num_layers": 2,
+    "num_decoder_layers": 2,
+    "num_heads": 4,
+    "vocab_size": 128,
+}
+
+
+@pytest.mark.parametrize(
+    ("config", "method", "kind"),
+    [
+        (TINY, "full", "LlamaForCausalLM"),
+        (TINY_BERT, "lora", "BertForMaskedLM"),
+        (TINY_BERT, "full", "BertForMaskedLM"),
+        (TINY_T5, "lora", "T5ForConditionalGeneration"),
+    ],
+)
+def test_a_full_fine_tune_and_the_encoder_families_step_on_cpu(
+    tmp_path: Path, config: dict[str, Any], method: str, kind: str
+) -> None:
+    """The model the estimate describes, trained as the recipe says: a full fine-tune
+    trains every parameter, LoRA only adapters; every tier gives the loss of no
+    checkpointing."""
+    weights = gpu_step.saved_random_weights(config, tmp_path / "weights", torch.float32)
+    losses = {}
+    for tier in ("off", "selective", "full"):
+        args = gpu_step.parse_args(
+            ["--model", "tiny", "--seq-len", "16", "--method", method, "--out", "x.json"]
+        )
+        args.tier, args.dtype = tier, "fp32"
+        torch.manual_seed(0)
+        model = gpu_step.prepared_model(args, config, weights, "cpu")
+        assert type(model.get_base_model() if method == "lora" else model).__name__ == kind
+        trained = {n for n, p in model.named_parameters() if p.requires_grad}
+        if method == "full":
+            assert trained == {n for n, _ in model.named_parameters()}
+        else:
+            assert trained and all("lora_" in n for n in trained)
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+        ids = torch.arange(32).reshape(2, 16) % config["vocab_size"]
+        losses[tier] = [gpu_step.training_step(model, optimizer, ids) for _ in range(2)]
+    for tier, values in losses.items():
+        assert values == pytest.approx(losses["off"], rel=1e-5), tier
+    assert losses["off"][1] != losses["off"][0]  # the optimizer stepped

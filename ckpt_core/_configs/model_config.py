@@ -160,6 +160,12 @@ def _model_class(hf_config: PreTrainedConfig, architectures: object) -> type[nn.
     )
 
 
+def model_class(cfg: ModelConfig) -> type[nn.Module]:
+    """The transformers class `build_meta_model` builds for ``cfg`` (``cfg.architecture``):
+    for a real step on a device, the same model the estimate and the dry run describe."""
+    return _model_class(hf_config_from_dict(cfg.config), cfg.config.get("architectures"))
+
+
 def build_meta_model(
     cfg: ModelConfig, *, attention: str | None = None, limits: ConfigLimits | None = None
 ) -> nn.Module:
