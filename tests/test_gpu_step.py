@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -336,3 +339,29 @@ def test_a_full_fine_tune_and_the_encoder_families_step_on_cpu(
     for tier, values in losses.items():
         assert values == pytest.approx(losses["off"], rel=1e-5), tier
     assert losses["off"][1] != losses["off"][0]  # the optimizer stepped
+
+
+def test_the_next_device_check_is_steps_the_harness_takes() -> None:
+    """bench/gpu_window.sh, dry: every step parses, each blocks:K fits its model, and it
+    covers what no GPU row does yet: full fine-tunes, a placed plan, BERT and T5."""
+    script = Path(gpu_step.__file__).with_name("gpu_window.sh")
+    done = subprocess.run(
+        ["bash", str(script)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DRY": "1", "PYTHON": sys.executable},
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    steps = [gpu_step.parse_args(line.split()[1:]) for line in done.stdout.splitlines()]
+    for args in steps:
+        config = dict(load_model_config({"preset": args.model}).config)
+        if args.tier.startswith("blocks:"):
+            plan = gpu_step.block_plan_of(args.tier, config)
+            assert plan.every_n_layers is None  # a placed plan, not one of HF's
+    covered = {(a.model, a.method, a.tier) for a in steps}
+    assert len(covered) == len(steps)
+    assert {a.method for a in steps} == {"full", "lora"}
+    assert {"bert-base-uncased", "t5-base"} <= {a.model for a in steps}
+    assert any(a.tier.startswith("blocks:") and a.method == "full" for a in steps)
