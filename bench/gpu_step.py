@@ -367,6 +367,12 @@ def _measure_step(
         "process_mib": (reserved + context) / MIB,
         "resident_before_step_mib": resident / MIB,
         "trainable_params": sum(p.numel() for p in trainable),
+        # The pool the step left, segment by segment in address order: where a reserved
+        # peak differs from the replay's, which segment the replay made that the GPU did not.
+        "segments_mib": [
+            segment["total_size"] / MIB
+            for segment in sorted(torch.cuda.memory_snapshot(), key=lambda s: s["address"])
+        ],
     }
     versions = {
         "torch": torch.__version__,

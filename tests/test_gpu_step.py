@@ -343,7 +343,8 @@ def test_a_full_fine_tune_and_the_encoder_families_step_on_cpu(
 
 def test_the_next_device_check_is_steps_the_harness_takes() -> None:
     """bench/gpu_window.sh, dry: every step parses, each blocks:K fits its model, and it
-    covers what no GPU row does yet: full fine-tunes, a placed plan, BERT and T5."""
+    covers what no GPU row does yet: full fine-tunes, a placed plan, BERT and T5, and
+    the worst shared row again."""
     script = Path(gpu_step.__file__).with_name("gpu_window.sh")
     done = subprocess.run(
         ["bash", str(script)],
@@ -356,12 +357,22 @@ def test_the_next_device_check_is_steps_the_harness_takes() -> None:
     assert done.returncode == 0, done.stderr
     steps = [gpu_step.parse_args(line.split()[1:]) for line in done.stdout.splitlines()]
     for args in steps:
-        config = dict(load_model_config({"preset": args.model}).config)
+        config = dict(load_model_config(gpu_step.model_input(args.model)).config)
         if args.tier.startswith("blocks:"):
             plan = gpu_step.block_plan_of(args.tier, config)
             assert plan.every_n_layers is None  # a placed plan, not one of HF's
     covered = {(a.model, a.method, a.tier) for a in steps}
     assert len(covered) == len(steps)
-    assert {a.method for a in steps} == {"full", "lora"}
+    assert {a.method for a in steps} == {"full", "lora", "qlora"}
     assert {"bert-base-uncased", "t5-base"} <= {a.model for a in steps}
     assert any(a.tier.startswith("blocks:") and a.method == "full" for a in steps)
+    # The worst shared row's recipe (as its README says it ran), and its LoRA twin.
+    smol = [a for a in steps if a.model.endswith("smollm2-1.7b.json")]
+    assert {a.method for a in smol} == {"qlora", "lora"}
+    for args in smol:
+        assert (args.dtype, args.attention, args.hooks, args.seq_len) == (
+            "fp16",
+            "eager",
+            "hf",
+            2048,
+        )
