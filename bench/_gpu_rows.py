@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 if TYPE_CHECKING:
     from ckpt_core._memory.activations import ModeCounts
     from ckpt_core._memory.arch import Arch
+    from ckpt_core._memory.inputs import Run
 
 MIB: Final = 1 << 20
 ROOT: Final = Path(__file__).resolve().parents[1]
@@ -223,15 +224,41 @@ def rotary_matmul_of(row: dict[str, Any]) -> bool:
 
 def estimate_row(row: dict[str, Any], budget_bytes: int | None = None) -> dict[str, Any]:
     """The estimate's tier entry for the row (allocated, peak, verdict against a budget);
-    for a ``blocks:K`` row, the entry ``estimate["chosen"]`` gives that plan.
+    for a ``blocks:K`` row, the entry ``estimate["chosen"]`` gives that plan."""
+    from ckpt_core._memory.advise import chosen_row, estimate_tiers
+    from ckpt_core._memory.search import evaluate
+    from ckpt_core._memory.verdict import tight_band
+
+    run, tier = prepared_run(row), tier_of(row)
+    arch = run.facts.arch
+    if tier.startswith(BLOCKS):
+        candidate = evaluate(arch, run.step, run.peak, full_blocks(arch, tier))
+        return chosen_row(candidate, budget_bytes, tight_band(arch, run.step))
+    memory_gib = None if budget_bytes is None else budget_bytes / (1 << 30)
+    return estimate_tiers(run, memory_gib)["tiers"][tier]
+
+
+def replayed_segments(row: dict[str, Any]) -> list[int]:
+    """The sizes of the segments the estimate's replay of the row's step reserves, in the
+    order it reserves them (to set against ``measured.segments_mib``)."""
+    from ckpt_core._memory.placement import placed_modes
+    from ckpt_core._memory.step_trace import replayed_pool
+
+    run, tier = prepared_run(row), tier_of(row)
+    arch, trace = run.facts.arch, run.recipe.trace
+    if trace is None:
+        raise ValueError(f"{tier}: the estimate replays no step for this row's workload")
+    plan = placed_modes(arch, full_blocks(arch, tier)) if tier.startswith(BLOCKS) else tier
+    return replayed_pool(arch, plan, trace).segment_sizes()
+
+
+def prepared_run(row: dict[str, Any]) -> Run:
+    """The estimate's prepared request for the row, on its GPU, without headroom.
 
     LoRA targets the model has no linear for are dropped, as PEFT drops them when
     another target matches (the harness's q / k / v / o on Phi-3 adapt its o_proj)."""
-    from ckpt_core._memory.advise import chosen_row, estimate_tiers
     from ckpt_core._memory.inputs import model_facts, parse_workload, prepare
     from ckpt_core._memory.param_layout import matches_target
-    from ckpt_core._memory.search import evaluate
-    from ckpt_core._memory.verdict import tight_band
 
     facts = model_facts(model_input(row))
     fields = {**workload_of(row), "headroom": 0.0}
@@ -242,10 +269,4 @@ def estimate_row(row: dict[str, Any], budget_bytes: int | None = None) -> dict[s
             for target in fields["lora_targets"]
             if any(matches_target(name, target) for name in names)
         ]
-    run = prepare(facts, parse_workload(fields), gpu_of(row), rotary_matmul=rotary_matmul_of(row))
-    tier, arch = tier_of(row), facts.arch
-    if tier.startswith(BLOCKS):
-        candidate = evaluate(arch, run.step, run.peak, full_blocks(arch, tier))
-        return chosen_row(candidate, budget_bytes, tight_band(arch, run.step))
-    memory_gib = None if budget_bytes is None else budget_bytes / (1 << 30)
-    return estimate_tiers(run, memory_gib)["tiers"][tier]
+    return prepare(facts, parse_workload(fields), gpu_of(row), rotary_matmul=rotary_matmul_of(row))

@@ -10,6 +10,8 @@ the repository root) and ``--local`` (default ``bench/data``, rows recorded by
 verdicts: each row against budgets just above and just below its real process memory (and against
 ``--budget-mib``), counting answers "fits" for a step that would not
 (dangerous), "tight", and "does_not_fit" for one that would (over-cautious).
+Rows that recorded their pool (``measured.segments_mib``) also get their large
+segments next to those the estimate's replay reserves.
 Exits 1 when a target of issue 15 is missed.
 """
 
@@ -29,6 +31,7 @@ from bench._gpu_rows import (
     estimate_row,
     gpu_of,
     load_rows,
+    replayed_segments,
     tier_of,
 )
 
@@ -175,6 +178,24 @@ def print_report(scores: list[Score]) -> None:
             )
 
 
+def segment_lines(rows: Iterable[dict[str, Any]]) -> list[str]:
+    """Per row that recorded its pool: its large-pool segments and the replay's, in MiB,
+    largest first (small-pool segments, 2 MiB each, left out)."""
+    lines = []
+    for row in rows:
+        measured = row["measured"].get("segments_mib")
+        if measured is None:
+            continue
+        replayed = [size / MIB for size in replayed_segments(row)]
+        lines.append(
+            f"{label_of(row)}: {len(measured)} segments measured, {len(replayed)} replayed"
+        )
+        for name, sizes in (("measured", measured), ("replayed", replayed)):
+            large = sorted((size for size in sizes if size > 2), reverse=True)
+            lines.append(f"  {name:9} {', '.join(f'{size:.0f}' for size in large)}")
+    return lines
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shared", type=Path, default=SHARED_ROWS, help="shared rows folder")
@@ -195,6 +216,9 @@ def main() -> int:
         f"\nboundary verdicts ({len(rows)} rows x budgets at real process memory "
         f"{', '.join(f'{o:+.0%}' for o in OFFSETS)} and {args.budget_mib:.0f} MiB): {verdicts}"
     )
+    segments = segment_lines(rows)
+    if segments:
+        print("\npool segments (MiB, large pool, largest first):\n" + "\n".join(segments))
     missed = missed_targets(table, verdicts)
     print("targets: " + ("all met" if not missed else "MISSED: " + "; ".join(missed)))
     return 1 if missed else 0

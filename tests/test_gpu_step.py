@@ -13,7 +13,13 @@ import pytest
 import torch
 
 from bench import gpu_step
-from bench._gpu_rows import estimate_row, load_rows, workload_of
+from bench._gpu_rows import (
+    estimate_row,
+    load_rows,
+    prepared_run,
+    replayed_segments,
+    workload_of,
+)
 from ckpt_core._configs.model_config import load_model_config
 from ckpt_core._memory.inputs import model_facts
 
@@ -140,6 +146,26 @@ def test_a_block_level_row_is_estimated_as_that_plan(tmp_path: Path) -> None:
     peak = estimate_row(half)["peak_bytes"]
     assert estimate_row(half, peak + 2**30)["verdict"] == "fits"
     assert estimate_row(half, peak // 2)["verdict"] == "does_not_fit"
+
+
+def test_a_row_with_its_pool_is_set_against_the_replays_segments() -> None:
+    """measured.segments_mib: gpu_truth lists the row's large segments next to the
+    replay's, whose sizes add up to the estimate's reserved peak (process memory less
+    the CUDA context)."""
+    from bench.gpu_truth import segment_lines
+
+    config = dict(load_model_config({"preset": "llama-3.2-1b"}).config)
+    args = gpu_step.parse_args([*ARGS, "--tier", "blocks:12", "--method", "full"])
+    measured = {**MEASURED, "segments_mib": [2.0, 20.0, 1002.0, 4000.0]}
+    row = gpu_step.build_row(args, config, measured, "NVIDIA H100 80GB HBM3", {"torch": "x"})
+    replayed = replayed_segments(row)
+    context = prepared_run(row).context[0]
+    assert sum(replayed) + context == estimate_row(row)["peak_bytes"]
+    head, mine, theirs = segment_lines([row, {**row, "measured": MEASURED}])
+    assert "4 segments measured" in head and f"{len(replayed)} replayed" in head
+    assert mine.split() == ["measured", "4000,", "1002,", "20"]  # large pool, largest first
+    largest = max(replayed) / 2**20
+    assert theirs.split()[0] == "replayed" and theirs.split()[1] == f"{largest:.0f},"
 
 
 def test_a_block_count_the_model_has_not_is_refused_before_the_gpu(

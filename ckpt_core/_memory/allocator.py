@@ -115,6 +115,10 @@ class CachingAllocator:
         self.peak_allocated = max(self.peak_allocated, self.allocated)
         return segment, offset
 
+    def segment_sizes(self) -> list[int]:
+        """The reserved segments' sizes, in the order they were reserved."""
+        return [sum(size for size, _ in blocks.values()) for blocks in self._segments]
+
     def free(self, handle: tuple[int, int]) -> None:
         """Free a block: cached, merged with free neighbours in its segment."""
         segment, offset = handle

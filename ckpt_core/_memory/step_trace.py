@@ -38,6 +38,7 @@ import functools
 
 from ckpt_core._memory import adafactor
 from ckpt_core._memory.activations import block_layout, block_modes
+from ckpt_core._memory.allocator import CachingAllocator
 from ckpt_core._memory.arch import Arch
 from ckpt_core._memory.autograd_sim import Sim
 from ckpt_core._memory.families import family_of
@@ -47,7 +48,14 @@ from ckpt_core._memory.model_trace import head_and_loss
 from ckpt_core._memory.moe_trace import expert_parameters, shared_module, stack_rank
 from ckpt_core._planning.tiers import ConcreteTier
 
-__all__ = ["PlanModes", "TraceRecipe", "adafactor_temporary", "simulate", "trained_tensors"]
+__all__ = [
+    "PlanModes",
+    "TraceRecipe",
+    "adafactor_temporary",
+    "replayed_pool",
+    "simulate",
+    "trained_tensors",
+]
 
 # A tier, or every block's mode in module order.
 PlanModes = ConcreteTier | tuple[BlockMode, ...]
@@ -55,10 +63,15 @@ PlanModes = ConcreteTier | tuple[BlockMode, ...]
 
 @functools.lru_cache(maxsize=512)
 def simulate(arch: Arch, plan: PlanModes, recipe: TraceRecipe) -> tuple[int, int]:
-    """(peak allocated, peak reserved) of a step after a warm-up step, in bytes.
+    """(peak allocated, peak reserved) of `replayed_pool`'s measured step, in bytes."""
+    pool = replayed_pool(arch, plan, recipe)
+    return pool.peak_allocated, pool.peak_reserved
 
-    ``plan``: a tier, or every block's mode in module order (a placed block-level plan,
-    `ckpt_core._memory.placement.placed_modes`).
+
+def replayed_pool(arch: Arch, plan: PlanModes, recipe: TraceRecipe) -> CachingAllocator:
+    """The caching allocator after the model's load, a warm-up step and the measured
+    step; its peaks are the measured step's.  ``plan``: a tier, or every block's mode
+    in module order (a placed block-level plan, `placement.placed_modes`).
 
     The warm-up step is replayed first: it makes the cuBLAS workspaces, kept
     for good, its ``optimizer.step()`` makes the optimizer states,
@@ -83,7 +96,7 @@ def simulate(arch: Arch, plan: PlanModes, recipe: TraceRecipe) -> tuple[int, int
         sim.param_grads = []
     sim.allocator.peak_allocated = sim.allocator.allocated
     _step(sim, arch, plan, recipe, trainable=trainable, kept=kept, states=False)
-    return sim.allocator.peak_allocated, sim.allocator.peak_reserved
+    return sim.allocator
 
 
 def _parameters(arch: Arch, index: int) -> list[tuple[str, int, int, int]]:
