@@ -24,6 +24,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, NoReturn
 
+from ckpt_core._cli_flags import WORKLOAD_FIELDS, add_workload_args, workload_of_args
 from ckpt_core._cli_text import plan_text, report_text
 from ckpt_core._dry_run import MEASURE_FIELDS
 from ckpt_core._errors import CkptError, ModelConfigError, UnknownGpuError
@@ -53,72 +54,14 @@ gpu memory is in GiB as torch reports it (an "80 GB" A100 reports ~79.2 GiB);
 name the GPU with --gpu to avoid the question.
 """
 
-_WORKLOAD_FLAGS: tuple[tuple[str, type], ...] = (
-    ("seq_len", int),
-    ("micro_batch_size", int),
-    ("dtype", str),
-    ("weights", str),
-    ("method", str),
-    ("lora_rank", int),
-    ("lora_targets", str),
-    ("optimizer", str),
-    ("attention", str),
-    ("padded", bool),
-    ("headroom", float),
-    ("world_size", int),
-    ("sharding", str),
-    ("engine", str),
-    ("offload", str),
-    ("gpus_per_node", int),
-    ("hybrid", bool),
-    ("host_memory_gb", float),
-    ("double_quant", bool),
-    ("kbit_preparation", str),
-    ("compute", str),
-    ("gradients", str),
-    ("sdpa_backend", str),
-    ("load_path", str),
-    ("logits_held", bool),
-)
-
-
 # Request field names that the CLI spells as flags.
 _API_NAMES: tuple[str, ...] = (
     "tier",
     "gpu",
     "gpu_memory_gb",
     "transformers_version",
-    *(name for name, _ in _WORKLOAD_FLAGS),
+    *WORKLOAD_FIELDS,
 )
-
-
-_FLAG_HELP: dict[str, str] = {
-    "lora_targets": "comma-separated module names",
-    "optimizer": "adamw (torch's foreach step) | adamw_fused (HF Trainer's default "
-    "adamw_torch_fused) | adamw_8bit | adamw_32bit (bitsandbytes', paged_adamw_32bit) | "
-    "adafactor (transformers', HF Trainer's optim=adafactor) | sgd | sgd_momentum",
-    "padded": "padded batches (an attention mask), or packed ones whose position ids restart",
-    "world_size": "GPUs in the data-parallel group (1)",
-    "sharding": "none (DDP) | zero1 | zero2 | zero3 (FSDP FULL_SHARD)",
-    "engine": "torch (DDP / FSDP2) | deepspeed",
-    "offload": "none | optimizer (DeepSpeed) | all (parameters too)",
-    "gpus_per_node": "GPUs sharing one host (with --host-memory-gb or --hybrid)",
-    "hybrid": "shard within each node, replicate across nodes (zero3)",
-    "host_memory_gb": "host memory per node in GiB, checked against offload",
-    "double_quant": "bitsandbytes' bnb_4bit_use_double_quant (qlora; off by default)",
-    "kbit_preparation": "peft (PEFT's prepare_model_for_kbit_training: the parameters left "
-    "unquantized in fp32; the default) | none",
-    "compute": "loaded (weights loaded in --dtype; the default) | autocast (fp32 weights under "
-    "autocast to --dtype, as TrainingArguments(bf16=True) on an fp32 model)",
-    "gradients": "set_to_none (zero_grad(set_to_none=True) each step; the default) | "
-    "accumulate (gradient accumulation: gradients held through the step)",
-    "sdpa_backend": "auto (torch picks sdpa's kernel; the default) | efficient (pinned with "
-    "sdpa_kernel(EFFICIENT_ATTENTION))",
-    "load_path": "device_map (from_pretrained with a device map) | to_device (loaded on the "
-    "CPU, then .to(device)); default: device_map for quantized weights, else to_device",
-    "logits_held": "the step's output (logits) stays referenced through backward (the "
-    "default); --no-logits-held when the training loop drops it before backward",
-}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -140,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     resolve = _command(commands, "resolve", "the plan: tier, TrainingArguments kwargs, hooks")
     _add_plan_args(resolve)
     _add_model_arg(resolve, required=False)
-    _add_workload_args(resolve)
+    add_workload_args(resolve)
     _add_service_args(resolve)
     describe = _command(commands, "describe", "a one-line description of a tier")
     _add_tier_args(describe)
@@ -148,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     dry = _command(commands, "dry-run", "build the model on the meta device and hook it")
     _add_plan_args(dry)
     _add_model_arg(dry, required=True)
-    _add_workload_args(
+    add_workload_args(
         dry, names=MEASURE_FIELDS, title="measurement (with --seq-len: activation bytes)"
     )
     _add_service_args(dry)
@@ -190,26 +133,6 @@ def _add_model_arg(parser: argparse.ArgumentParser, *, required: bool) -> None:
         required=required,
         help="a bundled preset name (see `ckpt presets`) or a path to a config.json",
     )
-
-
-def _add_workload_args(
-    parser: argparse.ArgumentParser,
-    *,
-    names: Sequence[str] | None = None,
-    title: str = "workload (with --model: model-aware auto)",
-) -> None:
-    """Workload flags (all, or the ``names`` a dry-run measurement takes)."""
-    group = parser.add_argument_group(title)
-    for name, kind in _WORKLOAD_FLAGS:
-        if names is not None and name not in names:
-            continue
-        flag = "--" + name.replace("_", "-")
-        if kind is bool:  # --flag / --no-flag; absent means the workload's default
-            group.add_argument(
-                flag, action=argparse.BooleanOptionalAction, help=_FLAG_HELP.get(name)
-            )
-            continue
-        group.add_argument(flag, type=kind, help=_FLAG_HELP.get(name))
 
 
 def _add_service_args(parser: argparse.ArgumentParser) -> None:
@@ -279,7 +202,7 @@ def _cmd_resolve(args: argparse.Namespace) -> None:
         "gpu": args.gpu,
         "transformers_version": args.transformers_version,
         "model": _model_spec(args.model) if args.model else None,
-        "workload": _workload(args),
+        "workload": workload_of_args(args),
     }
     if args.service:
         plan = _ask_service(args, lambda c: c.resolve(args.tier, args.gpu_memory_gb, **kwargs))
@@ -298,7 +221,7 @@ def _cmd_describe(args: argparse.Namespace) -> None:
 
 def _cmd_dry_run(args: argparse.Namespace) -> None:
     model = _model_spec(args.model)
-    measure = _workload(args)
+    measure = workload_of_args(args)
     kwargs = {"gpu": args.gpu, "transformers_version": args.transformers_version}
     if args.service:
         report = _ask_service(
@@ -392,15 +315,6 @@ def _model_spec(value: str) -> dict[str, Any]:
     if not isinstance(config, dict):
         raise ModelConfigError(f"{value!r} must hold a JSON object", field="model")
     return {"config": config}
-
-
-def _workload(args: argparse.Namespace) -> dict[str, Any] | None:
-    """The workload (or measurement) flags that were given, as the JSON object the API takes."""
-    given = {name: getattr(args, name, None) for name, _ in _WORKLOAD_FLAGS}
-    workload = {name: value for name, value in given.items() if value is not None}
-    if "lora_targets" in workload:
-        workload["lora_targets"] = [t.strip() for t in workload["lora_targets"].split(",")]
-    return workload or None
 
 
 def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
